@@ -36,7 +36,8 @@ def hp(default: Any, help: str, *, minimum: float | None = None, maximum: float 
         "aliases": aliases})
 
 
-def _decode(raw: Any) -> Any:
+def decode(raw: Any) -> Any:
+    """A value as JSON when it is valid JSON, else the raw string (SageMaker sends both)."""
     if not isinstance(raw, str):
         return raw
     try:
@@ -60,7 +61,7 @@ def _allowed(field: dataclasses.Field, kind: type) -> str:
 
 def coerce(field: dataclasses.Field, kind: type, raw: Any) -> Any:
     """Turn one raw hyperparameter value into the field's type, or raise ConfigError."""
-    value = _decode(raw)
+    value = decode(raw)
     problem = f"hyperparameter {field.name}={raw!r} is invalid: expected {_allowed(field, kind)}"
     if kind is bool:
         if isinstance(value, bool):

@@ -59,7 +59,7 @@ install_venv() {
   fi
   echo "setup: creating $VENV with the pinned stack"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade "pip<25" "setuptools<81" wheel
+  "$VENV/bin/pip" install -q --upgrade pip==26.3 wheel==0.48.0
   "$VENV/bin/pip" install -q -r requirements.txt -c constraints.txt
   build_horovod_wheel
   "$VENV/bin/pip" install -q --no-deps "$WHEELS"/horovod-"$HOROVOD_VERSION"-*.whl -c constraints.txt

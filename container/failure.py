@@ -1,0 +1,128 @@
+"""Turning a failed mpirun into one short, true sentence for /opt/ml/output/failure.
+
+SageMaker shows the first 1024 characters of that file as the job's FailureReason, so it must
+name the failing host, rank and exit code and that rank's last error line, not MPI_ABORT
+boilerplate. Two sources feed it:
+
+- the rank side prints one marker line when it fails (`report_rank_failure`), which mpirun
+  forwards to the leader tagged with the rank (`--tag-output`);
+- mpirun's own messages say which process it saw die first, with what code or signal, and
+  which daemon (host) it lost.
+
+Everything here is pure text processing, so it is tested against real mpirun output.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from container.paths import MlPaths
+
+FAILURE_LIMIT = 1024
+MARKER = "TRAIN-FAILURE"
+
+_TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
+_MARKER = re.compile(MARKER + r" rank=(?P<rank>\d+) host=(?P<host>\S+): (?P<error>.*)$")
+_ABORT = re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
+                    r"with errorcode (?P<code>-?\d+)")
+_EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s+Exit code:\s+(?P<code>-?\d+)")
+_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on "
+                     r"signal (?P<signal>\d+)(?: \((?P<name>[^)]*)\))?")
+_LOST = re.compile(r"Remote daemon: \[\[\d+,\d+\],\d+\] on node (?P<host>\S+)")
+_SSH = re.compile(r"ssh: (?:connect to host (?P<host>\S+)|Could not resolve hostname "
+                  r"(?P<unresolved>[^:\s]+))[^\n]*")
+
+
+def report_rank_failure(rank: int, host: str, error: BaseException) -> None:
+    """Called on a rank that is about to die: one line, one write, so tags stay intact."""
+    text = f"{type(error).__name__}: {error}".replace("\n", " ").strip()
+    sys.stderr.write(f"{MARKER} rank={rank} host={host}: {text[:600]}\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class OutputLog:
+    """What the supervisor remembers of mpirun's output while streaming it."""
+
+    last_rank_error: dict[int, str] = field(default_factory=dict)
+    markers: list[tuple[int, str, str]] = field(default_factory=list)
+    untagged: deque = field(default_factory=lambda: deque(maxlen=400))
+    tail: deque = field(default_factory=lambda: deque(maxlen=20))
+
+    def add(self, line: str) -> None:
+        line = line.rstrip("\n")
+        self.tail.append(line)
+        tagged = _TAG.match(line)
+        text = tagged["text"] if tagged else line
+        marker = _MARKER.search(text)
+        if marker:
+            self.markers.append((int(marker["rank"]), marker["host"], marker["error"]))
+        if not tagged:
+            self.untagged.append(line)
+        elif tagged["stream"] == "stderr" and _is_error_line(text):
+            self.last_rank_error[int(tagged["rank"])] = text.strip()
+
+
+def _is_error_line(text: str) -> bool:
+    """A line worth quoting: an exception or error message, not a progress bar or warning."""
+    stripped = text.strip()
+    return bool(re.match(r"^[A-Za-z_.]*(Error|Exception|Exit|Interrupt)\b.*:|^Error\b|"
+                         r"^[A-Za-z_.]*Error$", stripped))
+
+
+def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]) -> str:
+    """The failure reason for a job whose mpirun exited with `exit_code`."""
+    text = "\n".join(log.untagged)
+    if log.markers:
+        rank, host, error = log.markers[0]
+        code = _code_of(text, rank) or exit_code
+        return f"rank {rank} on host {host} failed (exit code {code}): {error}"
+    lost = _LOST.search(text)
+    if lost:
+        return (f"lost contact with host {lost['host']}: its MPI daemon vanished (host "
+                f"killed, out of memory or network down); the job on every host was stopped")
+    signal = _SIGNAL.search(text)
+    if signal:
+        rank = int(signal["rank"])
+        name = f" ({signal['name']})" if signal["name"] else ""
+        hint = " - likely out of memory" if signal["signal"] == "9" else ""
+        return (f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
+                f"{signal['signal']}{name}{hint}{_last_error(log, rank)}")
+    for pattern in (_ABORT, _EXITED):
+        found = pattern.search(text)
+        if found:
+            rank = int(found["rank"])
+            return (f"rank {rank} on host {host_of_rank(rank)} exited with code "
+                    f"{found['code']}{_last_error(log, rank)}")
+    ssh = _SSH.search(text)
+    if ssh:
+        host = ssh["host"] or ssh["unresolved"]
+        return f"mpirun could not start ranks on host {host} over ssh: {ssh.group(0).strip()}"
+    last = next((line for line in reversed(log.tail) if line.strip()), "no output")
+    return f"mpirun exited with code {exit_code}; last output: {last.strip()}"
+
+
+def _code_of(text: str, rank: int) -> int | None:
+    for pattern in (_ABORT, _EXITED):
+        for found in pattern.finditer(text):
+            if int(found["rank"]) == rank:
+                return int(found["code"])
+    return None
+
+
+def _last_error(log: OutputLog, rank: int) -> str:
+    error = log.last_rank_error.get(rank)
+    return f": {error}" if error else ""
+
+
+def write_failure(paths: MlPaths, message: str) -> None:
+    """Write the reason SageMaker shows; the limit is SageMaker's, so cut to it."""
+    paths.output_dir.mkdir(parents=True, exist_ok=True)
+    encoded = message.encode()[:FAILURE_LIMIT].decode(errors="ignore")
+    temporary = paths.failure_file.with_suffix(".tmp")
+    temporary.write_text(encoded)
+    temporary.replace(paths.failure_file)

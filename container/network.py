@@ -1,0 +1,63 @@
+"""Waiting for the cluster's hosts: name resolution and sshd, each with a deadline.
+
+SageMaker's host names (algo-1, algo-2, ...) may not resolve the instant a container starts,
+so every host retries until a deadline. A timeout names exactly the hosts that never answered,
+which is the line a user needs instead of "Cannot connect to host algo-1" in a hang.
+Polling backs off from 0.1 s to 1 s: quick when things are quick, cheap when they are not.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, Iterable
+
+from container.errors import PlatformError
+
+
+def poll_until(check: Callable[[str], bool], items: Iterable[str], timeout: float,
+               what: str) -> None:
+    """Call `check(item)` for every item until all pass; PlatformError naming the rest."""
+    pending = list(items)
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while pending:
+        pending = [item for item in pending if not check(item)]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise PlatformError(f"{what} within {timeout:g} s: {', '.join(pending)}")
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 1.0)
+
+
+def resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except OSError:
+        return False
+
+
+def address_of(host: str) -> str:
+    """The IPv4 address a host name resolves to (sshd binds to it)."""
+    return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+
+
+def ssh_banner(host: str, port: int, timeout: float = 2.0) -> bool:
+    """True when an SSH server answers on host:port (it speaks first: 'SSH-2.0-...')."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as connection:
+            connection.settimeout(timeout)
+            return connection.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_resolvable(hosts: Iterable[str], timeout: float) -> None:
+    poll_until(resolves, hosts, timeout, "these host names did not resolve")
+
+
+def wait_sshd(hosts: Iterable[str], port: int, timeout: float) -> None:
+    poll_until(lambda host: ssh_banner(host, port), hosts, timeout,
+               f"sshd did not answer on port {port} of these hosts")

@@ -1,0 +1,184 @@
+"""The launch plan: which hosts, how many ranks, what each rank runs, and the mpirun argv.
+
+`make_plan` is pure: everything it needs (the job config, the GPU count, the Python
+interpreter, the environment) comes in as arguments, so `train --dry-run` and the golden tests
+see exactly the plan a real launch would execute.
+
+Ranks are placed with `-map-by slot` over the sorted host list, so rank r runs on
+hosts[r // processes_per_host]. Each rank derives its own host from that (the hosts and
+processes per host travel in its environment) instead of inheriting the leader's
+SM_CURRENT_HOST, and checks the placement against OpenMPI's local rank at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from container import mpirun
+from container.errors import ConfigError
+from container.hyperparameters import decode, parse
+from container.launch_config import SDK_PREFIX, LaunchConfig
+from container.sagemaker_config import JobConfig
+from container.sshd import SshFiles, ssh_client_args
+from train.batching import BatchPlan, plan_batches
+from train.hyperparameters import TrainerConfig
+
+BUILTIN_CHANNELS = ("train", "validation")
+# Horovod warns about a rank that stopped joining collectives after 60 s and shuts the job
+# down after 10 minutes instead of letting it hang until SageMaker's max runtime.
+STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    hosts: tuple[str, ...]
+    current_host: str
+    processes_per_host: int
+    interface: str
+    instance_type: str
+
+    @property
+    def leader(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.current_host == self.leader
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self.hosts[1:])
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.hosts) > 1
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.processes_per_host
+
+    def host_of_rank(self, rank: int) -> str:
+        index = rank // self.processes_per_host
+        return self.hosts[index] if 0 <= index < len(self.hosts) else f"<unknown host of rank {rank}>"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    cluster: ClusterPlan
+    launch: LaunchConfig
+    program: str  # "" runs the built-in trainer
+    script_args: tuple[str, ...]
+    trainer: TrainerConfig | None
+    batches: BatchPlan | None
+    ignored_hyperparameters: tuple[str, ...]
+    mpirun: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        cluster = self.cluster
+        plan: dict[str, Any] = {
+            "hosts": list(cluster.hosts), "current_host": cluster.current_host,
+            "leader": cluster.leader, "is_leader": cluster.is_leader,
+            "processes_per_host": cluster.processes_per_host,
+            "world_size": cluster.world_size, "network_interface": cluster.interface,
+            "instance_type": cluster.instance_type, "efa": mpirun.is_efa(cluster.instance_type),
+            "mode": "script" if self.program else "builtin",
+            "program": self.program or None, "script_args": list(self.script_args),
+            "ignored_hyperparameters": list(self.ignored_hyperparameters),
+            "mpirun": list(self.mpirun),
+        }
+        if self.batches:
+            plan.update(per_device_batch=self.batches.per_device_batch,
+                        micro_batch=self.batches.micro_batch,
+                        accumulation_steps=self.batches.accumulation_steps,
+                        global_batch=self.batches.global_batch,
+                        learning_rate=self.batches.learning_rate,
+                        batch_derivation=self.batches.derivation())
+        return plan
+
+
+def processes_per_host(launch: LaunchConfig, gpu_count: int) -> int:
+    """The hyperparameter when given, else one rank per GPU, else one."""
+    return launch.processes_per_host or max(gpu_count, 1)
+
+
+def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
+    """Hyperparameters as `--name value` arguments, the way SageMaker's framework containers
+    pass them to a script (the sagemaker-training toolkit's own mapping)."""
+    from sagemaker_training import mapping
+
+    return tuple(mapping.to_cmd_args({k: decode(v) for k, v in hyperparameters.items()}))
+
+
+def rank_environment(job: JobConfig, cluster: ClusterPlan, gpu_count: int,
+                     environ: Mapping[str, str]) -> dict[str, str]:
+    env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
+           "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
+           "PYTHONUNBUFFERED": "1", **STALL_ENV}
+    for name in ("PATH", "LD_LIBRARY_PATH", "SAGEMAKER_PROGRAM"):
+        if environ.get(name):
+            env[name] = environ[name]
+    if gpu_count:
+        env["NCCL_DEBUG"] = "WARN"
+    return env
+
+
+def _check_builtin_channels(job: JobConfig) -> None:
+    unknown = sorted(set(job.channels) - set(BUILTIN_CHANNELS))
+    if unknown:
+        raise ConfigError(f"the built-in trainer reads channels {' and '.join(BUILTIN_CHANNELS)}; "
+                          f"unknown channel(s): {', '.join(unknown)}")
+    if "train" not in job.channels and not job.paths.channel("train").is_dir():
+        raise ConfigError("the built-in trainer needs a `train` channel "
+                          f"({job.paths.channel('train')} is missing); add an input channel "
+                          "named train with CSV or NPZ files")
+    for channel in job.channels.values():
+        if channel.input_mode == "Pipe":
+            raise ConfigError(f"channel {channel.name} uses Pipe input mode, which this "
+                              "container does not read; use File or FastFile")
+
+
+def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
+              environ: Mapping[str, str]) -> LaunchPlan:
+    """Validate everything the job says and decide exactly what will run."""
+    launch, rest = parse(LaunchConfig, job.hyperparameters, allow_unknown=True)
+    ignored = tuple(sorted(k for k in rest if k.startswith(SDK_PREFIX)))
+    user = {k: v for k, v in rest.items() if k not in ignored}
+    resources = job.resources
+    cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,
+                          processes_per_host=processes_per_host(launch, gpu_count),
+                          interface=resources.network_interface_name,
+                          instance_type=resources.instance_type)
+    program = launch.program or environ.get("SAGEMAKER_PROGRAM", "")
+    trainer = batches = None
+    args: tuple[str, ...] = ()
+    if program:
+        script = job.paths.code_dir / program
+        if not script.is_file():
+            raise ConfigError(f"script mode: program {program!r} not found at {script}; put "
+                              f"it under {job.paths.code_dir} or fix sagemaker_program")
+        args = script_arguments(user)
+        rank_command = [python, "-m", "mpi4py", "-m", "train.script_runner", str(script), *args]
+    else:
+        trainer, _ = parse(TrainerConfig, user)
+        _check_builtin_channels(job)
+        batches = plan_batches(
+            world_size=cluster.world_size, global_batch_size=trainer.global_batch_size,
+            per_device_batch_size=trainer.per_device_batch_size,
+            max_device_batch_size=trainer.max_device_batch_size,
+            learning_rate=trainer.learning_rate, base_batch_size=trainer.base_batch_size,
+            scale_learning_rate=trainer.scale_learning_rate)
+        rank_command = [python, "-m", "mpi4py", "-m", "train.rank_main"]
+    ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
+        else None
+    defaults = mpirun.default_options(
+        hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
+        interface=cluster.interface, instance_type=cluster.instance_type,
+        rank_env=rank_environment(job, cluster, gpu_count, environ), ssh_args=ssh_args)
+    options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
+    return LaunchPlan(cluster=cluster, launch=launch, program=program,
+                      script_args=args,
+                      trainer=trainer, batches=batches, ignored_hyperparameters=ignored,
+                      mpirun=tuple(mpirun.build_argv(options, rank_command)))

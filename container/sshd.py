@@ -1,0 +1,128 @@
+"""The job's own sshd and ssh client settings, made per job and discarded with it.
+
+No key is baked into the image. The leader makes a fresh key pair for each job and hands the
+public half to the workers over the coordinator connection (container.coordination); each host
+then runs its own sshd on the job's port, bound to its own cluster address, that accepts only
+that key for root (no passwords, no keyboard-interactive, no forwarding). Each host's sshd gets
+a fresh host key too, which the workers send back, so mpirun's ssh checks host keys strictly
+against a known_hosts file holding exactly the cluster's hosts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from container.errors import PlatformError
+
+SSHD_CONFIG = """\
+# Written by the training launcher for this job only.
+Port {port}
+ListenAddress {address}
+HostKey {runtime}/ssh_host_ed25519_key
+AuthorizedKeysFile {runtime}/authorized_keys
+PidFile {runtime}/sshd.pid
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitEmptyPasswords no
+UsePAM no
+StrictModes no
+AllowTcpForwarding no
+AllowAgentForwarding no
+X11Forwarding no
+PermitTunnel no
+PrintMotd no
+MaxStartups 64:30:256
+LogLevel ERROR
+"""
+
+
+@dataclass(frozen=True)
+class SshFiles:
+    """The per-job files, all inside one private runtime folder."""
+
+    runtime: Path
+
+    @property
+    def client_key(self) -> Path:
+        return self.runtime / "id_ed25519"
+
+    @property
+    def host_key(self) -> Path:
+        return self.runtime / "ssh_host_ed25519_key"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.runtime / "known_hosts"
+
+
+def ssh_client_args(files: SshFiles, port: int) -> str:
+    """What mpirun passes to ssh (plm_rsh_args): the job key and strict host checking."""
+    return (f"-p {port} -i {files.client_key} -o IdentitiesOnly=yes -o BatchMode=yes "
+            f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={files.known_hosts} "
+            f"-o CheckHostIP=no -o ConnectTimeout=30 -o LogLevel=ERROR")
+
+
+def known_hosts_line(host: str, port: int, host_public_key: str) -> str:
+    name = host if port == 22 else f"[{host}]:{port}"
+    return f"{name} {host_public_key.strip()}\n"
+
+
+def _require(program: str) -> str:
+    path = shutil.which(program) or (f"/usr/sbin/{program}" if Path(f"/usr/sbin/{program}")
+                                     .exists() else None)
+    if not path:
+        raise PlatformError(
+            f"{program} is not installed; multi-host jobs need OpenSSH in the image: "
+            f"apt-get install -y openssh-server openssh-client")
+    return path
+
+
+def _keygen(path: Path) -> str:
+    if not path.exists():
+        subprocess.run([_require("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C",
+                        "training-job", "-f", str(path)], check=True, capture_output=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def make_runtime(runtime: Path) -> SshFiles:
+    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runtime.chmod(0o700)
+    return SshFiles(runtime)
+
+
+def make_client_key(files: SshFiles) -> str:
+    """The job's key pair (leader only); returns the public key."""
+    return _keygen(files.client_key)
+
+
+def start_sshd(files: SshFiles, *, address: str, port: int,
+               authorized_key: str) -> tuple[subprocess.Popen, str]:
+    """Start sshd for this job; returns the process and this host's public host key."""
+    host_public_key = _keygen(files.host_key)
+    authorized = files.runtime / "authorized_keys"
+    authorized.write_text(
+        f"no-port-forwarding,no-agent-forwarding,no-X11-forwarding {authorized_key}\n")
+    authorized.chmod(0o600)
+    config = files.runtime / "sshd_config"
+    config.write_text(SSHD_CONFIG.format(port=port, address=address, runtime=files.runtime))
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory
+    sshd = _require("sshd")
+    check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)
+    if check.returncode:
+        raise PlatformError(f"sshd rejected its configuration: {check.stderr.strip()}")
+    process = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)])
+    return process, host_public_key
+
+
+def stop(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -1,0 +1,101 @@
+"""Running mpirun: stream its output, forward stop signals, and say how it ended.
+
+Stopping: SageMaker sends SIGTERM and kills everything 120 s later. The launcher turns the
+first SIGTERM into SIGUSR1 for mpirun, which forwards it to every rank; the trainer then
+agrees with the other ranks to stop after the current step, saves a checkpoint and exits.
+If the ranks are not done after `stop_grace` seconds, mpirun gets SIGTERM (it kills the job)
+and, 10 s later, SIGKILL. A second SIGTERM skips the wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from container.failure import OutputLog, summarize
+
+STOPPED_MARKER = "TRAIN-STOPPED"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    reason: str  # empty on success
+    stopped: bool  # a stop signal arrived while the job ran
+
+
+class StopSignals:
+    """Installs the SIGTERM/SIGINT handler for the duration of one mpirun."""
+
+    def __init__(self, process: subprocess.Popen, grace: float):
+        self.process = process
+        self.grace = grace
+        self.received = threading.Event()
+        self.previous = {}
+
+    def __enter__(self) -> "StopSignals":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received.is_set():
+            self._escalate()
+            return
+        self.received.set()
+        print(f"launcher: received {signal.Signals(signum).name}; asking the ranks to save a "
+              f"checkpoint and stop (grace {self.grace:g} s)", flush=True)
+        self._signal(signal.SIGUSR1)
+        threading.Thread(target=self._deadline, daemon=True).start()
+
+    def _deadline(self) -> None:
+        try:
+            self.process.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            self._escalate()
+
+    def _escalate(self) -> None:
+        print("launcher: ranks did not stop in time; terminating mpirun", flush=True)
+        self._signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+
+def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
+               env: dict[str, str] | None = None) -> Outcome:
+    """Run mpirun to the end, echoing its output; the outcome says who failed and why."""
+    log = OutputLog()
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, env=env, text=True, bufsize=1,
+                               errors="replace")
+    with StopSignals(process, grace) as stops:
+        for line in process.stdout:
+            sys.stdout.write(line)
+            log.add(line)
+        exit_code = process.wait()
+    sys.stdout.flush()
+    stopped = stops.received.is_set()
+    if exit_code == 0 and not stopped:
+        return Outcome(0, "", False)
+    if stopped:
+        saved = [line for line in log.tail if STOPPED_MARKER in line]
+        detail = saved[-1].split(STOPPED_MARKER, 1)[1].strip() if saved else \
+            "no checkpoint was confirmed"
+        return Outcome(exit_code or 143, f"training was stopped by a signal (job stopped, "
+                       f"max runtime or spot reclaim); {detail}", True)
+    return Outcome(exit_code, summarize(log, exit_code, host_of_rank), False)

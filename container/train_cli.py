@@ -1,0 +1,195 @@
+"""`train`: the SageMaker training entry point of this image.
+
+    train [--ml-root DIR] [--dry-run]
+
+What it does, on every host of the job:
+1. Reads <ml-root>/input/config (resourceconfig, hyperparameters, inputdataconfig) into typed,
+   validated config. Any mistake stops the job here, before a single process starts, with a
+   message in <ml-root>/output/failure that says what to change.
+2. Plans the cluster: hosts sorted, leader = the first, ranks per host = the
+   `processes_per_host` hyperparameter, else one per GPU, else one; the per-device batch,
+   accumulation steps and scaled learning rate; the exact mpirun argv. `--dry-run` prints
+   this plan as JSON and exits.
+3. One host: runs mpirun locally; no sshd, no ssh.
+   Several hosts: every host resolves every host name (retrying until `host_timeout`).
+   The leader makes a fresh ssh key for the job, starts its own sshd and a coordinator on
+   `coordinator_port`; each worker connects there, receives the key, starts its sshd and
+   reports ready with its host key. The leader waits for every worker (naming any that never
+   came), checks every sshd answers, then runs mpirun across the hosts. Workers hold until
+   the leader reports the outcome, and exit with it within a second or two; a worker whose
+   leader never answers or goes silent exits non-zero naming the leader.
+4. Ranks run `python -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
+   in script mode (`sagemaker_program` / SAGEMAKER_PROGRAM), the user's script from
+   <ml-root>/code with the SM_* environment and the hyperparameters as arguments.
+5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's
+   orte_abort_on_non_zero_status) and every host exits non-zero. <ml-root>/output/failure
+   names the failing host, rank, exit code and that rank's last error line.
+6. SIGTERM: forwarded to the ranks, which save a checkpoint and stop; see
+   container.supervisor. Exit code 0 = Completed, anything else = Failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from container import network, sshd
+from container.coordination import Leader, follow_leader
+from container.errors import ConfigError, TrainError
+from container.failure import write_failure
+from container.paths import DEFAULT_ML_ROOT, MlPaths
+from container.plan import LaunchPlan, make_plan
+from container.sagemaker_config import read_job_config
+from container.supervisor import Outcome, run_mpirun
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    return launch(MlPaths(args.ml_root), dry_run=args.dry_run)
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="train", description="Train on SageMaker with Horovod over OpenMPI.")
+    parser.add_argument("--ml-root", type=Path, default=DEFAULT_ML_ROOT,
+                        help="the SageMaker tree to use instead of /opt/ml (local runs, tests)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the launch plan as JSON and exit without starting anything")
+    return parser.parse_args(argv)
+
+
+def count_gpus() -> int:
+    """GPUs this host can use: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if not shutil.which("nvidia-smi"):
+        return 0
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+
+
+def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
+    """The one top-level handler: every failure becomes the failure file and an exit code."""
+    runtime = Path(tempfile.gettempdir()) / f"train-job-{os.getpid()}"
+    try:
+        job = read_job_config(paths)
+        plan = make_plan(job, gpu_count=count_gpus(), python=sys.executable, runtime=runtime,
+                         environ=os.environ)
+        if dry_run:
+            print(json.dumps(plan.as_json(), indent=2))
+            return 0
+        log_plan(plan)
+        outcome = execute(plan, runtime)
+    except TrainError as error:
+        outcome = Outcome(error.exit_code, str(error), False)
+    except Exception as error:  # a bug here, not the user's: say so, with the traceback in the log
+        traceback.print_exc()
+        outcome = Outcome(1, f"internal error in the launcher: {type(error).__name__}: {error}",
+                          False)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    return report(paths, outcome, dry_run)
+
+
+def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
+    if outcome.exit_code == 0:
+        print("launcher: job completed", flush=True)
+        return 0
+    print(f"launcher: job FAILED (exit code {outcome.exit_code}): {outcome.reason}",
+          file=sys.stderr, flush=True)
+    if not dry_run:
+        write_failure(paths, outcome.reason)
+    return outcome.exit_code
+
+
+def log_plan(plan: LaunchPlan) -> None:
+    cluster = plan.cluster
+    role = "leader" if cluster.is_leader else "worker"
+    print(f"launcher: host {cluster.current_host} ({role}) of {len(cluster.hosts)}: "
+          f"{', '.join(cluster.hosts)}; {cluster.processes_per_host} rank(s) per host, "
+          f"world size {cluster.world_size}", flush=True)
+    if plan.ignored_hyperparameters:
+        print(f"launcher: ignoring SDK hyperparameters: "
+              f"{', '.join(plan.ignored_hyperparameters)}", flush=True)
+    if plan.batches:
+        print(f"launcher: {plan.batches.derivation()}", flush=True)
+    if cluster.is_leader:
+        print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
+
+
+def execute(plan: LaunchPlan, runtime: Path) -> Outcome:
+    cluster = plan.cluster
+    if not cluster.multi_host:
+        return run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
+                          host_of_rank=cluster.host_of_rank)
+    network.wait_resolvable(cluster.hosts, plan.launch.host_timeout)
+    files = sshd.make_runtime(runtime)
+    return run_leader(plan, files) if cluster.is_leader else run_worker(plan, files)
+
+
+def run_leader(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
+    cluster, launch = plan.cluster, plan.launch
+    public_key = sshd.make_client_key(files)
+    coordinator = Leader(launch.coordinator_port, cluster.workers, public_key)
+    own_sshd = None
+    try:
+        own_sshd, own_host_key = sshd.start_sshd(
+            files, address=network.address_of(cluster.current_host), port=launch.sshd_port,
+            authorized_key=public_key)
+        host_keys = {cluster.current_host: own_host_key,
+                     **coordinator.wait_ready(launch.host_timeout)}
+        files.known_hosts.write_text("".join(
+            sshd.known_hosts_line(host, launch.sshd_port, key) for host, key in host_keys.items()))
+        network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
+        print(f"launcher: all {len(cluster.hosts)} hosts ready", flush=True)
+        outcome = run_mpirun(list(plan.mpirun), grace=launch.stop_grace,
+                             host_of_rank=cluster.host_of_rank)
+    except TrainError as error:
+        coordinator.finish(error.exit_code, str(error))
+        raise
+    finally:
+        sshd.stop(own_sshd)
+    coordinator.finish(outcome.exit_code, outcome.reason)
+    return outcome
+
+
+def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
+    """Serve the leader's mpirun over sshd until the leader reports the job's outcome."""
+    cluster, launch = plan.cluster, plan.launch
+    started: list = []
+
+    def prepare(public_key: str) -> str:
+        process, host_key = sshd.start_sshd(
+            files, address=network.address_of(cluster.current_host), port=launch.sshd_port,
+            authorized_key=public_key)
+        started.append(process)
+        return host_key
+
+    # The leader stops the job on SIGTERM; this host must keep its ranks alive meanwhile.
+    previous = signal.signal(signal.SIGTERM, lambda *_: print(
+        "launcher: SIGTERM received; the leader is stopping the job", flush=True))
+    try:
+        code, reason = follow_leader(
+            cluster.leader, launch.coordinator_port, cluster.current_host,
+            leader_timeout=launch.leader_timeout, heartbeat_timeout=launch.heartbeat_timeout,
+            on_key=prepare)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for process in started:
+            sshd.stop(process)
+    print(f"launcher: the leader {cluster.leader} reports exit code {code}", flush=True)
+    return Outcome(code, reason and f"reported by the leader {cluster.leader}: {reason}", False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
