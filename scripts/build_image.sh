@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the image with whichever engine scripts/engine.sh picks.
+#
+#   VARIANT=cpu|gpu   default: gpu when nvidia-smi sees a GPU, else cpu
+#   IMAGE=NAME:TAG    default: sagemaker-horovod:$VARIANT
+#   BASE_IMAGE, BUILD_BASE_IMAGE
+#                     gpu: the Dockerfile's CUDA 12.2 / cuDNN 8.9 images.
+#                     cpu: the local debootstrap Debian base (made once by
+#                     scripts/make_base_image.sh, since no registry can be pulled from here);
+#                     BASE_IMAGE=debian:bookworm-slim works where a registry is reachable.
+#   BUILD_ARGS        extra arguments for `ENGINE build`
+# Prints the image name on the last line of stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/engine.sh
+
+if [ -z "${VARIANT:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then VARIANT=gpu; else VARIANT=cpu; fi
+fi
+case "$VARIANT" in
+  cpu|gpu) ;;
+  *) echo "build_image: VARIANT=$VARIANT is not supported. Choose between cpu, gpu." >&2; exit 2 ;;
+esac
+IMAGE=${IMAGE:-sagemaker-horovod:$VARIANT}
+
+args=(--build-arg "VARIANT=$VARIANT" -t "$IMAGE" -f Dockerfile)
+if [ "$VARIANT" = cpu ] && [ -z "${BASE_IMAGE:-}" ]; then
+  BASE_IMAGE=${LOCAL_BASE_IMAGE:-localhost/sagemaker-byoc-base:bookworm}
+  scripts/make_base_image.sh "$BASE_IMAGE" >&2
+fi
+if [ -n "${BASE_IMAGE:-}" ]; then
+  args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "BUILD_BASE_IMAGE=${BUILD_BASE_IMAGE:-$BASE_IMAGE}")
+elif [ -n "${BUILD_BASE_IMAGE:-}" ]; then
+  args+=(--build-arg "BUILD_BASE_IMAGE=$BUILD_BASE_IMAGE")
+fi
+# podman: RUN steps reach Debian's and PyPI's mirrors through the host's network; the Docker
+# image format, because the OCI format drops SHELL (the Dockerfile's bash -o pipefail).
+if [ "$ENGINE" = podman ]; then args+=(--network host --format docker); fi
+if [ -n "${BUILD_ARGS:-}" ]; then
+  # shellcheck disable=SC2206  # word splitting wanted: several arguments in one variable
+  args+=($BUILD_ARGS)
+fi
+
+echo "build_image: $ENGINE build ${args[*]} ." >&2
+start=$(date +%s)
+"$ENGINE" build "${args[@]}" . >&2
+echo "build_image: built $IMAGE ($VARIANT) in $(( $(date +%s) - start )) s" >&2
+echo "$IMAGE"

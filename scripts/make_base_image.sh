@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Makes the local Debian base image that CPU test builds start from, once; later runs reuse it.
+#
+#   scripts/make_base_image.sh [IMAGE]      (default localhost/sagemaker-byoc-base:bookworm)
+#
+# These machines cannot pull from any container registry, so the base is built here:
+# `debootstrap --variant=minbase bookworm` from the Debian mirror that apt already uses
+# (DEBIAN_MIRROR overrides), plus this machine's CA certificates (PyPI is reached through a
+# TLS-inspecting proxy, so pip inside builds needs them) and an /etc/pip.conf pointing pip at
+# them. `tar | ENGINE import` turns the root filesystem into an image. Needs root.
+# FORCE=1 rebuilds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/engine.sh
+
+IMAGE=${1:-${LOCAL_BASE_IMAGE:-localhost/sagemaker-byoc-base:bookworm}}
+SUITE=bookworm
+
+image_exists() {
+  "$ENGINE" image inspect "$IMAGE" >/dev/null 2>&1
+}
+
+apt_mirror() {
+  # The first Debian archive URI apt is configured with (deb822 or one-line format).
+  local uri
+  uri=$( (grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}';
+          grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+            | awk '{print $2}') | grep -E '/debian/?$' | head -n1)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+if [ "${FORCE:-0}" != 1 ] && image_exists; then
+  echo "base image: $IMAGE already present"
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "make_base_image: debootstrap needs root; run as root (or pass BASE_IMAGE=debian:bookworm-slim where a registry is reachable)" >&2
+  exit 1
+fi
+command -v debootstrap >/dev/null || { echo "make_base_image: debootstrap missing: run make container-setup" >&2; exit 1; }
+
+MIRROR=${DEBIAN_MIRROR:-$(apt_mirror)}
+ROOTFS=$(mktemp -d /tmp/base-rootfs.XXXXXX)
+trap 'rm -rf "$ROOTFS"' EXIT
+
+echo "base image: debootstrap $SUITE from $MIRROR (about a minute)"
+debootstrap --variant=minbase "$SUITE" "$ROOTFS" "$MIRROR" >"$ROOTFS.log" 2>&1 \
+  || { tail -n 30 "$ROOTFS.log" >&2; exit 1; }
+rm -f "$ROOTFS.log"
+
+# The machine's trust store: the bundle itself (dereferenced), and the local CAs where
+# update-ca-certificates will find them again when an image installs ca-certificates.
+rm -rf "$ROOTFS/etc/ssl/certs"
+mkdir -p "$ROOTFS/etc/ssl" "$ROOTFS/usr/local/share/ca-certificates"
+cp -rL /etc/ssl/certs "$ROOTFS/etc/ssl/certs"
+if compgen -G "/usr/local/share/ca-certificates/*" >/dev/null; then
+  cp -rL /usr/local/share/ca-certificates/. "$ROOTFS/usr/local/share/ca-certificates/"
+fi
+printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$ROOTFS/etc/pip.conf"
+
+# Smaller: no package caches or lists (every build runs apt-get update).
+rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/*
+
+tar --numeric-owner -C "$ROOTFS" -c . \
+  | "$ENGINE" import --change 'CMD ["/bin/bash"]' - "$IMAGE" >/dev/null
+echo "base image: $IMAGE imported"

@@ -1,0 +1,111 @@
+"""Fixtures for the container tests: the CPU image, the digits data, clusters that clean up.
+
+Everything here is real: the image is built with podman (or Docker when a daemon answers) from
+the local Debian base, clusters run with podman-compose, the registry is Debian's
+docker-registry on loopback. Every container, network and registry these tests start carries
+the prefix below and is removed when its test ends, pass or fail; a last sweep at the end of
+the session removes anything a crashed test left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("TEST_IMAGE", "sagemaker-horovod:cpu")
+PREFIX = "smtest"  # compose projects and containers made by these tests
+
+
+def _load_local_cluster():
+    spec = importlib.util.spec_from_file_location("local_cluster",
+                                                  REPO / "scripts" / "local_cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["local_cluster"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+local_cluster = _load_local_cluster()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def unique(name: str) -> str:
+    return f"{PREFIX}-{name}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="session")
+def engine() -> "local_cluster.Engine":
+    return local_cluster.Engine.detect()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sweep_leftovers(engine):
+    """After the session: nothing of ours may remain (a crashed fixture's leftovers)."""
+    yield
+    ids = engine.run("ps", "-a", "-q", "--filter", f"name={PREFIX}-", check=False).stdout.split()
+    if ids:
+        engine.run("rm", "-f", "-t", "1", *ids, check=False)
+    networks = engine.run("network", "ls", "--format", "{{.Name}}", check=False).stdout.split()
+    ours = [n for n in networks if n.startswith(PREFIX)]
+    if ours:
+        engine.run("network", "rm", "-f", *ours, check=False)
+
+
+@pytest.fixture(scope="session")
+def image(engine) -> str:
+    """The CPU image, built from the local Debian base (cached layers after the first time)."""
+    result = subprocess.run(["bash", "scripts/build_image.sh"], cwd=REPO, text=True,
+                            capture_output=True, env={**engine.env, "VARIANT": "cpu",
+                                                      "IMAGE": IMAGE})
+    if result.returncode:
+        pytest.fail(f"image build failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> Path:
+    """The embedded digits dataset: a folder with channels train/ and validation/ (CSV)."""
+    root = tmp_path_factory.mktemp("digits-job")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "default_job.py"), "--ml-root",
+                    str(root), "--no-run"], check=True, capture_output=True)
+    return root / "input" / "data"
+
+
+@contextlib.contextmanager
+def compose_cluster(engine, spec, name: str, edit=None) -> Iterator["local_cluster.ComposeCluster"]:
+    """Write the cluster (optionally editing the compose document), yield it, always `down`."""
+    path = local_cluster.write_cluster(spec)
+    if edit is not None:
+        document = yaml.safe_load(path.read_text())
+        edit(document)
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+    cluster = local_cluster.ComposeCluster(engine, path, unique(name))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        left = engine.run("ps", "-a", "-q", "--filter",
+                          f"label=com.docker.compose.project={cluster.project}",
+                          check=False).stdout.split()
+        if left:
+            engine.run("rm", "-f", *left, check=False)
+
+
+def all_logs(cluster) -> dict[str, str]:
+    return {host: cluster.logs(host) for host in cluster.containers()}

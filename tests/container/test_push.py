@@ -1,0 +1,84 @@
+"""scripts/build_and_push.sh against a real registry on loopback (issue 4, test 7): Debian's
+docker-registry, started here on a free port with its storage in a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import REPO, free_port
+
+pytestmark = pytest.mark.container
+
+REGISTRY_CONFIG = """\
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {root}
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+"""
+
+
+@pytest.fixture
+def registry(tmp_path):
+    binary = shutil.which("docker-registry")
+    assert binary, "docker-registry is missing: run make container-setup"
+    port = free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(REGISTRY_CONFIG.format(root=tmp_path / "storage", port=port))
+    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):
+                    break
+            except OSError:
+                assert process.poll() is None, process.stderr.read()
+                assert time.monotonic() < deadline, "the registry never answered"
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def image_id(engine, name: str) -> str:
+    return engine.run("image", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+
+
+def test_push_to_a_registry_and_pull_back(engine, image, registry):
+    name, tag = "sagemaker-horovod", "pushtest"
+    result = subprocess.run(["bash", "scripts/build_and_push.sh", name, tag], cwd=REPO,
+                            capture_output=True, text=True, timeout=1200,
+                            env={**engine.env, "VARIANT": "cpu", "REGISTRY": registry})
+    assert result.returncode == 0, result.stderr[-4000:]
+    remote = f"{registry}/{name}:{tag}"
+    assert result.stdout.strip().splitlines()[-1] == remote
+
+    with urllib.request.urlopen(f"http://{registry}/v2/{name}/tags/list", timeout=10) as answer:
+        assert tag in json.loads(answer.read())["tags"]
+
+    local_id = image_id(engine, image)
+    pull = ["pull", remote] if engine.name == "docker" else ["pull", "--tls-verify=false", remote]
+    try:
+        engine.run("rmi", remote)  # only the tag: the image stays as sagemaker-horovod:cpu
+        assert engine.run("image", "inspect", remote, check=False).returncode != 0
+        engine.run(*pull, timeout=900)
+        assert image_id(engine, remote) == local_id
+    finally:
+        engine.run("rmi", remote, check=False)
