@@ -9,8 +9,9 @@ sagemaker_job_name or sagemaker_region) is consumed and ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
-from container.hyperparameters import hp
+from container.hyperparameters import hp, parse
 
 SDK_PREFIX = "sagemaker_"
 
@@ -49,3 +50,11 @@ class LaunchConfig:
     coordinator_port: int = hp(
         29499, "Port on the leader where workers learn the job's SSH key and its outcome.",
         minimum=1, maximum=65535)
+
+
+def split_hyperparameters(raw: Mapping[str, Any]) -> tuple[LaunchConfig, dict[str, Any],
+                                                           tuple[str, ...]]:
+    """(the launcher's settings, the user's hyperparameters, the ignored SDK keys)."""
+    launch, rest = parse(LaunchConfig, raw, allow_unknown=True)
+    ignored = tuple(sorted(k for k in rest if k.startswith(SDK_PREFIX)))
+    return launch, {k: v for k, v in rest.items() if k not in ignored}, ignored

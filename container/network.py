@@ -49,7 +49,9 @@ def ssh_banner(host: str, port: int, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as connection:
             connection.settimeout(timeout)
-            return connection.recv(4).startswith(b"SSH-")
+            answered = connection.recv(4).startswith(b"SSH-")
+            connection.sendall(b"SSH-2.0-readiness-probe\r\n")  # a polite goodbye: no sshd error
+            return answered
     except OSError:
         return False
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from container import mpirun
 from container.errors import ConfigError
 from container.hyperparameters import decode, parse
-from container.launch_config import SDK_PREFIX, LaunchConfig
+from container.launch_config import LaunchConfig, split_hyperparameters
 from container.sagemaker_config import JobConfig
 from container.sshd import SshFiles, ssh_client_args
 from train.batching import BatchPlan, plan_batches
@@ -116,7 +116,7 @@ def rank_environment(job: JobConfig, cluster: ClusterPlan, gpu_count: int,
                      environ: Mapping[str, str]) -> dict[str, str]:
     env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
            "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
-           "PYTHONUNBUFFERED": "1", **STALL_ENV}
+           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1", **STALL_ENV}
     for name in ("PATH", "LD_LIBRARY_PATH", "SAGEMAKER_PROGRAM"):
         if environ.get(name):
             env[name] = environ[name]
@@ -143,9 +143,7 @@ def _check_builtin_channels(job: JobConfig) -> None:
 def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
               environ: Mapping[str, str]) -> LaunchPlan:
     """Validate everything the job says and decide exactly what will run."""
-    launch, rest = parse(LaunchConfig, job.hyperparameters, allow_unknown=True)
-    ignored = tuple(sorted(k for k in rest if k.startswith(SDK_PREFIX)))
-    user = {k: v for k, v in rest.items() if k not in ignored}
+    launch, user, ignored = split_hyperparameters(job.hyperparameters)
     resources = job.resources
     cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,
                           processes_per_host=processes_per_host(launch, gpu_count),

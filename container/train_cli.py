@@ -44,7 +44,7 @@ from pathlib import Path
 
 from container import network, sshd
 from container.coordination import Leader, follow_leader
-from container.errors import ConfigError, TrainError
+from container.errors import TrainError
 from container.failure import write_failure
 from container.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import LaunchPlan, make_plan

@@ -1,0 +1,89 @@
+"""Keras callbacks of the trainer, each doing one thing, each marked where it is distributed."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import horovod.tensorflow.keras as hvd
+import tensorflow as tf
+from mpi4py import MPI
+
+from train.rank import StopRequest, emit
+
+METRICS_PREFIX = "METRICS"
+
+
+def metrics_line(epoch: int, logs: dict[str, float]) -> str:
+    """The stable, regex-friendly line SageMaker metric definitions read: one per epoch."""
+    values = " ".join(f"{key}={float(value):.6g}" for key, value in logs.items())
+    return f"{METRICS_PREFIX} epoch={epoch} {values}"
+
+
+class StopOnRequest(tf.keras.callbacks.Callback):
+    """Stops every rank after the same optimizer step once any rank got the stop signal.
+
+    # distributed: the ranks agree with a one-flag allreduce after each optimizer step (every
+    `accumulation_steps` micro-batches), so no rank leaves while another waits in a collective.
+    """
+
+    def __init__(self, accumulation_steps: int):
+        super().__init__()
+        self.accumulation_steps = accumulation_steps
+        self.stopped_in_epoch: int | None = None
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.accumulation_steps:
+            return
+        # A plain MPI allreduce of one flag costs microseconds; Horovod's tensor allreduce
+        # would cost a background-thread cycle per step.
+        if MPI.COMM_WORLD.allreduce(StopRequest.requested(), op=MPI.LOR):
+            self.model.stop_training = True
+            self.stopped_in_epoch = self.epoch
+
+
+class EpochReport(tf.keras.callbacks.Callback):
+    """Rank 0 prints one METRICS line per epoch (after MetricAverageCallback averaged them)."""
+
+    def __init__(self, samples_per_epoch: int, learning_rate: Callable[[], float]):
+        super().__init__()
+        self.samples_per_epoch = samples_per_epoch
+        self.learning_rate = learning_rate
+        self.started = self.trained = 0.0
+        self.history: dict[str, list[float]] = {}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.trained = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.model.stop_training:  # an interrupted epoch has no comparable numbers
+            return
+        elapsed = self.trained - self.started  # training only, not validation
+        values = {**(logs or {}), "lr": self.learning_rate(),
+                  "samples_per_sec": self.samples_per_epoch / max(elapsed, 1e-9)}
+        for key, value in values.items():
+            self.history.setdefault(key, []).append(float(value))
+        if hvd.rank() == 0:
+            emit(metrics_line(epoch + 1, values))
+
+
+class Checkpointer(tf.keras.callbacks.Callback):
+    """Rank 0 saves a checkpoint every `every` epochs (and the last one)."""
+
+    def __init__(self, save: Callable[[int], None], every: int, epochs: int):
+        super().__init__()
+        self.save, self.every, self.epochs = save, every, epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if self.model.stop_training or not self.every:
+            return
+        if done % self.every == 0 or done == self.epochs:
+            self.save(done)

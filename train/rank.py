@@ -1,0 +1,118 @@
+"""Who this rank is, and the wrapper every rank program runs inside.
+
+The launcher puts the job's sorted hosts and ranks per host into each rank's environment
+(TRAIN_HOSTS, TRAIN_PROCESSES_PER_HOST, TRAIN_ML_ROOT); OpenMPI adds the rank numbers. From
+these a rank knows its own host without trusting any inherited SM_CURRENT_HOST. Run outside
+the launcher (plain `mpirun` or `python script.py`), a rank falls back to one host.
+
+`run_rank` installs the stop signal first (before TensorFlow is imported, which takes
+seconds) and turns any exception into a one-line failure report for the launcher, then lets
+it propagate so `python -m mpi4py` aborts every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from container.errors import PlatformError
+from container.failure import report_rank_failure
+from container.paths import DEFAULT_ML_ROOT, MlPaths
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    host: str
+    hosts: tuple[str, ...]
+    paths: MlPaths
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def emit(line: str) -> None:
+    """Print one line in one write: mpirun tags each write, so a split line gets torn."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    return int(environ.get(name, default))
+
+
+def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankContext:
+    rank = _int(environ, "OMPI_COMM_WORLD_RANK", 0)
+    world_size = _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
+    local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
+    local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world_size)
+    paths = MlPaths(Path(environ.get("TRAIN_ML_ROOT", str(DEFAULT_ML_ROOT))))
+    if "TRAIN_HOSTS" not in environ:
+        host = socket.gethostname()
+        return RankContext(rank, world_size, local_rank, local_size, host, (host,), paths)
+    hosts = tuple(environ["TRAIN_HOSTS"].split(","))
+    per_host = _int(environ, "TRAIN_PROCESSES_PER_HOST", 1)
+    if world_size != len(hosts) * per_host or local_rank != rank % per_host:
+        raise PlatformError(
+            f"rank {rank} was placed unexpectedly (world size {world_size}, local rank "
+            f"{local_rank}; planned {len(hosts)} hosts x {per_host}); do not override -np, "
+            f"-H or -map-by in mpi_options")
+    return RankContext(rank, world_size, local_rank, local_size, hosts[rank // per_host],
+                       hosts, paths)
+
+
+class StopRequest:
+    """Set when the launcher forwards a stop (SIGUSR1); the trainer polls it between steps.
+
+    A rank program that never polls it (a script that does not use the helper API) is
+    stopped by SystemExit instead, which is still a clean, reported exit.
+    """
+
+    event = threading.Event()
+    polled = False
+
+    @classmethod
+    def install(cls) -> None:
+        signal.signal(signal.SIGUSR1, cls._handle)
+
+    @classmethod
+    def _handle(cls, signum, frame) -> None:
+        cls.event.set()
+        if not cls.polled:
+            raise SystemExit(128 + signal.SIGTERM)
+
+    @classmethod
+    def requested(cls) -> bool:
+        cls.polled = True
+        return cls.event.is_set()
+
+
+def run_rank(body: Callable[[RankContext], None]) -> None:
+    StopRequest.install()
+    context = None
+    try:
+        context = context_from_environment()
+        body(context)
+    except SystemExit as stop:
+        if stop.code not in (0, None) and not StopRequest.event.is_set():
+            report_rank_failure(*_who(context), RuntimeError(f"exited with code {stop.code}"))
+        raise
+    except BaseException as error:
+        report_rank_failure(*_who(context), error)
+        raise
+
+
+def _who(context: RankContext | None) -> tuple[int, str]:
+    if context:
+        return context.rank, context.host
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", 0)), socket.gethostname()

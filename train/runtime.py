@@ -1,0 +1,29 @@
+"""Horovod start-up shared by the built-in trainer and the helper API for users' scripts.
+
+One GPU per local rank when GPUs exist (memory growth on, so TensorFlow does not grab every
+GPU's memory); on CPU hosts the cores are split between the host's ranks, because each
+TensorFlow process would otherwise start a thread per core and the ranks would fight.
+"""
+
+from __future__ import annotations
+
+import os
+
+import horovod.tensorflow.keras as hvd
+import tensorflow as tf
+
+
+def start_horovod() -> None:
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[hvd.local_rank() % len(gpus)]
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+        return
+    if "TF_NUM_INTRAOP_THREADS" in os.environ:  # the operator's choice wins
+        return
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // hvd.local_size())
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))

@@ -1,0 +1,54 @@
+"""Script mode: run the user's own script on every rank, as SageMaker's framework containers do.
+
+    python -m mpi4py -m train.script_runner /opt/ml/code/train.py --epochs 3 ...
+
+The script gets the SM_* environment that the sagemaker-training toolkit defines (made by the
+toolkit's own code, for this rank's host: SM_CURRENT_HOST is this rank's host, never the
+leader's), the hyperparameters as `--name value` arguments, and runs as `__main__` with its
+folder on sys.path, so a script written for AWS's containers runs unmodified.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from container.hyperparameters import decode
+from container.launch_config import SDK_PREFIX, split_hyperparameters
+from container.sagemaker_config import read_channels, read_hyperparameters, read_resources
+from train.rank import RankContext, run_rank
+
+
+def sm_environment(context: RankContext) -> dict[str, str]:
+    """The toolkit's SM_* variables for this rank."""
+    paths = context.paths
+    os.environ["SAGEMAKER_BASE_DIR"] = str(paths.root)  # read by the toolkit at import
+    from sagemaker_training import environment
+
+    resources = read_resources(paths.resource_config)
+    resource_config = {"current_host": context.host, "hosts": list(context.hosts),
+                       "network_interface_name": resources.network_interface_name,
+                       "current_instance_type": resources.instance_type}
+    channels = {name: {"ContentType": c.content_type, "TrainingInputMode": c.input_mode,
+                       "S3DistributionType": c.distribution}
+                for name, c in read_channels(paths.input_data_config, paths.data_dir).items()}
+    raw = read_hyperparameters(paths.hyperparameters)
+    _, user, _ = split_hyperparameters(raw)
+    visible = {k: decode(v) for k, v in raw.items() if k in user or k.startswith(SDK_PREFIX)}
+    env = environment.Environment(resource_config=resource_config, input_data_config=channels,
+                                  hyperparameters=visible)
+    return {key: str(value) for key, value in env.to_env_vars().items()}
+
+
+def main(context: RankContext) -> None:
+    script, arguments = Path(sys.argv[1]), sys.argv[2:]
+    os.environ.update(sm_environment(context))
+    sys.argv = [str(script), *arguments]
+    sys.path.insert(0, str(script.parent))
+    runpy.run_path(str(script), run_name="__main__")
+
+
+if __name__ == "__main__":
+    run_rank(main)

@@ -1,0 +1,224 @@
+"""The built-in Horovod/Keras trainer: what every rank runs for a job without a user script.
+
+A straight line: data -> model -> compile -> resume -> fit -> verify -> export. Lines that
+exist because training is distributed are marked `# distributed:`. Only rank 0 prints, writes
+checkpoints and exports; every rank computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+from container.errors import PlatformError
+from container.sagemaker_config import Channel, read_channels
+from container.supervisor import STOPPED_MARKER
+from train.batching import BatchPlan, plan_batches
+from train.callbacks import Checkpointer, EpochReport, StopOnRequest
+from train.checkpoints import CheckpointStore
+from train.data import DataError, Dataset, read_channel, shard
+from train.export import export_model, write_history
+from train.hyperparameters import TrainerConfig
+from train.models import BUILDERS
+from train.rank import RankContext, emit
+from train.runtime import start_horovod
+from train.schedule import WarmupSchedule
+
+
+def say(message: str) -> None:
+    if hvd.rank() == 0:
+        emit(f"trainer: {message}")
+
+
+def load_share(context: RankContext, channel: Channel) -> Dataset:
+    """This rank's share of a channel. # distributed: sharding by rank or by local rank."""
+    data = read_channel(context.paths.channel(channel.name))
+    share = shard(data, by_host=channel.sharded_by_host, rank=context.rank,
+                  world_size=context.world_size, local_rank=context.local_rank,
+                  local_size=context.local_size)
+    if not len(share):
+        raise DataError(
+            f"rank {context.rank} on host {context.host} got no samples of channel "
+            f"{channel.name} ({len(data)} sample(s) for {context.world_size} rank(s)"
+            f"{' on this host' if channel.sharded_by_host else ''}); add data or use fewer "
+            f"ranks" + (" or FullyReplicated" if channel.sharded_by_host else ""))
+    return share
+
+
+def class_labels(train: Dataset) -> np.ndarray:
+    """Every label seen on any rank, sorted. # distributed: ranks may each miss some."""
+    seen = hvd_tf.allgather_object(np.unique(train.y).tolist(), name="labels")
+    return np.array(sorted(set().union(*seen)), dtype=np.int64)
+
+
+def feature_statistics(train: Dataset) -> tuple[int, np.ndarray, np.ndarray]:
+    """(samples, mean, variance) per feature over the whole training set.
+
+    # distributed: summed in rank order on every rank, so every rank gets identical numbers.
+    """
+    x = train.x.astype(np.float64)
+    parts = hvd_tf.allgather_object((len(x), x.sum(axis=0), (x * x).sum(axis=0)), name="stats")
+    count = sum(p[0] for p in parts)
+    mean = sum(p[1] for p in parts) / count
+    variance = sum(p[2] for p in parts) / count - mean * mean
+    return count, mean.astype(np.float32), np.maximum(variance, 0).astype(np.float32)
+
+
+def to_indices(data: Dataset, classes: np.ndarray, channel: str) -> np.ndarray:
+    index = np.searchsorted(classes, data.y)
+    unknown = (index >= len(classes)) | (classes[np.minimum(index, len(classes) - 1)] != data.y)
+    if unknown.any():
+        raise DataError(f"channel {channel}: label {data.y[unknown][0]} never occurs in the "
+                        f"train channel (classes are {classes.tolist()})")
+    return index
+
+
+def training_input(train: Dataset, labels: np.ndarray, plan: BatchPlan, config: TrainerConfig,
+                   rank: int) -> tf.data.Dataset:
+    """Endless shuffled micro-batches: every rank can run the same number of steps
+    whatever the size of its share. # distributed: a per-rank shuffle seed."""
+    return (tf.data.Dataset.from_tensor_slices((train.x, labels))
+            .shuffle(min(len(labels), config.shuffle_buffer), seed=config.seed + rank,
+                     reshuffle_each_iteration=True)
+            .repeat()
+            .batch(plan.micro_batch, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def make_optimizer(config: TrainerConfig, schedule: WarmupSchedule, plan: BatchPlan):
+    if config.optimizer == "sgd":
+        optimizer = tf.keras.optimizers.SGD(schedule, momentum=config.momentum)
+    else:
+        optimizer = tf.keras.optimizers.Adam(schedule)
+    return hvd.DistributedOptimizer(  # distributed: allreduce-averaged, accumulated gradients
+        optimizer, backward_passes_per_step=plan.accumulation_steps,
+        average_aggregated_gradients=True,
+        compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none)
+
+
+def weights_digest(model: tf.keras.Model) -> str:
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+    return digest.hexdigest()
+
+
+def verify_identical_weights(model: tf.keras.Model) -> None:
+    """# distributed: every rank must end with the same model, or averaging silently broke."""
+    digests = hvd_tf.allgather_object(weights_digest(model), name="weights_digest")
+    if len(set(digests)) > 1:
+        raise RuntimeError(
+            "model weights differ between ranks after training, so gradients were not "
+            f"averaged (digests {', '.join(d[:12] for d in digests)}); check the "
+            "TensorFlow/Horovod versions (Keras 3 breaks Horovod's DistributedOptimizer)")
+
+
+def train(context: RankContext, config: TrainerConfig) -> None:
+    start_horovod()
+    if hvd.size() != context.world_size:
+        raise PlatformError(f"Horovod sees {hvd.size()} ranks but the launcher planned "
+                            f"{context.world_size}")
+    tf.keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
+    paths = context.paths
+    layout = hvd_tf.allgather_object(f"{context.rank}@{context.host}", name="layout")
+    say(f"{hvd.size()} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, "
+        f"Horovod over {'MPI' if hvd.mpi_enabled() else 'Gloo'}")
+    plan = plan_batches(
+        world_size=hvd.size(), global_batch_size=config.global_batch_size,
+        per_device_batch_size=config.per_device_batch_size,
+        max_device_batch_size=config.max_device_batch_size,
+        learning_rate=config.learning_rate, base_batch_size=config.base_batch_size,
+        scale_learning_rate=config.scale_learning_rate)
+    say(plan.derivation())
+
+    channels = read_channels(paths.input_data_config, paths.data_dir)
+    train_share = load_share(context, channels.get("train", Channel("train")))
+    classes = class_labels(train_share)
+    if len(classes) < 2:
+        raise DataError(f"channel train: every label is {classes.tolist()}; a classifier "
+                        f"needs at least two classes")
+    shapes = set(hvd_tf.allgather_object(train_share.x.shape[1:], name="shapes"))
+    if len(shapes) > 1:
+        raise DataError(f"channel train: hosts disagree on the sample shape: {sorted(shapes)}")
+    total, mean, variance = feature_statistics(train_share)
+    steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
+    micro_steps = steps_per_epoch * plan.accumulation_steps
+    say(f"{total} training samples, {len(classes)} classes, sample shape "
+        f"{train_share.x.shape[1:]}; {steps_per_epoch} optimizer steps per epoch")
+
+    validation = None
+    if "validation" in channels or paths.channel("validation").is_dir():
+        full = read_channel(paths.channel("validation"))
+        share = full if len(full) < hvd.size() else shard(
+            full, by_host=channels.get("validation", Channel("validation")).sharded_by_host,
+            rank=context.rank, world_size=context.world_size, local_rank=context.local_rank,
+            local_size=context.local_size)
+        share = share if len(share) else full
+        validation = tf.data.Dataset.from_tensor_slices(
+            (share.x, to_indices(share, classes, "validation"))).batch(plan.micro_batch)
+
+    model = BUILDERS[config.model](config, train_share.x.shape[1:], len(classes), mean, variance)
+    schedule = WarmupSchedule(plan.base_learning_rate, plan.learning_rate,
+                              round(config.warmup_epochs * micro_steps))
+    optimizer = make_optimizer(config, schedule, plan)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    optimizer.build(model.trainable_variables)
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
+    initial_epoch = 0
+    if hvd.rank() == 0:
+        store.clean_torn()
+        latest = store.latest()
+        if latest:
+            folder, state = latest
+            CheckpointStore.restore(checkpoint, folder)
+            initial_epoch = state["epochs_done"]
+            emit(f"trainer: resumed from {folder} (epochs done: {initial_epoch})")
+    initial_epoch = hvd_tf.broadcast_object(initial_epoch, root_rank=0, name="initial_epoch")
+    # distributed: every rank starts from rank 0's weights and optimizer state.
+    hvd_tf.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
+
+    def save(epochs_done: int, **state) -> None:
+        if hvd.rank() == 0:
+            store.save(checkpoint, epochs_done, **state)
+
+    stop = StopOnRequest(plan.accumulation_steps)
+    report = EpochReport(steps_per_epoch * plan.global_batch,
+                         lambda: float(schedule(optimizer.iterations)))
+    callbacks = [hvd.callbacks.MetricAverageCallback(),  # distributed: average epoch metrics
+                 stop, report, Checkpointer(save, config.checkpoint_every_epochs, config.epochs)]
+    if hvd.rank() == 0:
+        callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
+                                                        profile_batch=0, write_graph=False))
+    model.fit(training_input(train_share, to_indices(train_share, classes, "train"), plan,
+                             config, context.rank),
+              steps_per_epoch=micro_steps, epochs=config.epochs, initial_epoch=initial_epoch,
+              validation_data=validation, callbacks=callbacks, verbose=0)
+    verify_identical_weights(model)
+
+    if stop.stopped_in_epoch is not None:
+        save(stop.stopped_in_epoch, interrupted=True)
+        say(f"{STOPPED_MARKER} checkpoint saved in {paths.checkpoint_dir}; a restarted job "
+            f"resumes at epoch {stop.stopped_in_epoch + 1}")
+        return
+    if hvd.rank() == 0:
+        final = {k: v[-1] for k, v in report.history.items()} if report.history else {}
+        exported = export_model(model, paths.model_dir, {
+            "input_shape": list(train_share.x.shape[1:]), "input_dtype": "float32",
+            "task": "classification", "classes": classes.tolist(),
+            "output": "probabilities", "feature_count": int(np.prod(train_share.x.shape[1:])),
+            "model": config.model, "epochs": config.epochs, "world_size": hvd.size(),
+            "global_batch": plan.global_batch, "final_metrics": final,
+            "tensorflow": tf.__version__})
+        if report.history:
+            write_history(report.history, paths.output_data_dir)
+        summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()
+                           if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
+        emit(f"RESULT {summary} model={exported}")
