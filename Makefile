@@ -65,3 +65,27 @@ local-serve: setup container-setup
 ## Build and push to ECR (NAME, TAG, VARIANT=gpu; REGISTRY=host:port for another registry).
 push: container-setup
 	bash scripts/build_and_push.sh
+
+# --- SageMaker operator tools (issue 5) -------------------------------------------------
+# Each verb takes its options in ARGS; add --dry-run to print the requests and send nothing,
+# --wait to follow status and logs. `$(PY) -m scripts.sagemaker VERB --help` lists them all.
+#   make sagemaker-train ARGS="--image URI --role ARN --output-path s3://bucket/out \
+#                              --channel train=s3://bucket/train/ --dry-run"
+.PHONY: sagemaker-train sagemaker-register sagemaker-deploy sagemaker-transform
+SAGEMAKER_TOOL := $(PY) -m scripts.sagemaker
+
+## Launch a training job with this image (CreateTrainingJob).
+sagemaker-train: setup
+	$(SAGEMAKER_TOOL) train $(ARGS)
+
+## Register the image as a SageMaker algorithm (CreateAlgorithm).
+sagemaker-register: setup
+	$(SAGEMAKER_TOOL) register $(ARGS)
+
+## Model + endpoint config + endpoint from a finished job (--training-job) or --model-data.
+sagemaker-deploy: setup
+	$(SAGEMAKER_TOOL) deploy $(ARGS)
+
+## Batch transform with an existing model (--model-name) or a new one.
+sagemaker-transform: setup
+	$(SAGEMAKER_TOOL) transform $(ARGS)

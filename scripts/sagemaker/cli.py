@@ -138,6 +138,9 @@ def _model_from_args(args: argparse.Namespace, name: str,
     if bool(args.training_job) == bool(args.model_data):
         raise ConfigError("give the model as exactly one of --training-job NAME (a completed "
                           "job) or --model-data s3://.../model.tar.gz")
+    if not (args.image and args.role):
+        raise ConfigError("creating a model needs --image (the serving image) and --role (or "
+                          "$SAGEMAKER_IMAGE_URI and $SAGEMAKER_ROLE_ARN)")
     model_data = args.model_data or b.model_artifact(describe_job(args.training_job))
     return b.Model(name=name, image=args.image, model_data_url=model_data,
                    role_arn=args.role, environment=_pairs(args.env, "--env"), vpc=_vpc(args))
