@@ -1,0 +1,15 @@
+"""The inference server: `serve` answers SageMaker's hosting contract for the trained model.
+
+Modules, in the order a request meets them:
+  config      settings from SageMaker's environment variables (a frozen dataclass)
+  server      gunicorn: processes, threads, signals (imports no Flask, binds at once)
+  worker      one worker's app, model and batcher, built after fork
+  app         the Flask routes and the one mapping from exceptions to HTTP answers
+  codecs      request bodies -> arrays, outputs -> response bodies, Accept negotiation
+  validation  instance shape and finiteness, checked per request
+  batching    the micro-batcher that lets concurrent requests share a model call
+  model       loading, warm-up and the forward pass (the only module importing TensorFlow)
+  metadata    the model directory's metadata.json
+  errors      request errors, each with its HTTP status
+  logs        JSON log lines
+"""

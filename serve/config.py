@@ -1,0 +1,111 @@
+"""The server's settings: one frozen dataclass, read from the environment once, at start.
+
+SageMaker configures a model server only through environment variables, so every knob is one.
+The SageMaker names are used where SageMaker defines the setting; the batching and threading
+knobs, which SageMaker does not know about, are prefixed `SERVE_`. A value that does not parse
+or is out of range stops the server at start with a message naming the variable and the
+allowed range, instead of surfacing later as odd behaviour.
+
+| variable                          | default | meaning                                        |
+| --------------------------------- | ------- | ---------------------------------------------- |
+| SAGEMAKER_BIND_TO_PORT            | 8080    | TCP port to listen on (all interfaces)         |
+| SAGEMAKER_MODEL_SERVER_WORKERS    | 1       | gunicorn worker processes (one model each)     |
+| SAGEMAKER_MODEL_SERVER_TIMEOUT    | 60      | seconds a request may wait for its prediction  |
+| SAGEMAKER_MAX_PAYLOAD_IN_MB       | 6       | largest request body; 0 = no limit             |
+| SAGEMAKER_MAX_CONCURRENT_TRANSFORMS | workers x threads | advertised to batch transform |
+| SERVE_THREADS                     | 64      | request threads per worker                     |
+| SERVE_MAX_BATCH_SIZE              | 128     | most instances in one model call               |
+| SERVE_MAX_BATCH_WAIT_MS           | 1.0     | how long a model call waits for more requests  |
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, TypeVar
+
+T = TypeVar("T", int, float)
+
+
+class ServeConfigError(ValueError):
+    """An environment variable or argument holds a value the server cannot run with."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything the server needs to know, validated on construction."""
+
+    ml_root: Path = Path("/opt/ml")
+    port: int = 8080
+    workers: int = 1
+    threads: int = 64
+    timeout_s: int = 60
+    max_payload_mb: int = 6
+    max_concurrent_transforms: int = 0  # 0 = workers x threads: every request gets a thread
+    max_batch_size: int = 128
+    max_batch_wait_ms: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check("SAGEMAKER_BIND_TO_PORT", self.port, 1, 65535)
+        _check("SAGEMAKER_MODEL_SERVER_WORKERS", self.workers, 1, 64)
+        _check("SERVE_THREADS", self.threads, 1, 1024)
+        _check("SAGEMAKER_MODEL_SERVER_TIMEOUT", self.timeout_s, 1, 3600)
+        _check("SAGEMAKER_MAX_PAYLOAD_IN_MB", self.max_payload_mb, 0, 100)
+        _check("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", self.max_concurrent_transforms, 0, 65536)
+        _check("SERVE_MAX_BATCH_SIZE", self.max_batch_size, 1, 1_000_000)
+        _check("SERVE_MAX_BATCH_WAIT_MS", self.max_batch_wait_ms, 0.0, 1000.0)
+
+    @property
+    def model_dir(self) -> Path:
+        """Where SageMaker unpacks the model artifacts (the trainer's /opt/ml/model)."""
+        return self.ml_root / "model"
+
+    @property
+    def max_payload_bytes(self) -> int | None:
+        """The body size limit in bytes, or None when SAGEMAKER_MAX_PAYLOAD_IN_MB is 0."""
+        return self.max_payload_mb * 1024 * 1024 or None
+
+    @property
+    def concurrent_transforms(self) -> int:
+        """What batch transform is told it may send at once: what the server can hold."""
+        return self.max_concurrent_transforms or self.workers * self.threads
+
+
+def _check(name: str, value: float, minimum: float, maximum: float) -> None:
+    if not minimum <= value <= maximum:
+        raise ServeConfigError(f"{name}={value} is out of range: expected {minimum} to {maximum}")
+
+
+def _read(env: Mapping[str, str], name: str, kind: Callable[[str], T], default: T) -> T:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise ServeConfigError(f"{name}={raw!r} is not {noun}") from None
+    if not math.isfinite(value):
+        raise ServeConfigError(f"{name}={raw!r} is not a finite number")
+    return value
+
+
+def config_from_env(ml_root: Path, env: Mapping[str, str] | None = None) -> ServeConfig:
+    """Build the config from SageMaker's environment variables (os.environ by default)."""
+    env = os.environ if env is None else env
+    defaults = ServeConfig()
+    return ServeConfig(
+        ml_root=ml_root,
+        port=_read(env, "SAGEMAKER_BIND_TO_PORT", int, defaults.port),
+        workers=_read(env, "SAGEMAKER_MODEL_SERVER_WORKERS", int, defaults.workers),
+        threads=_read(env, "SERVE_THREADS", int, defaults.threads),
+        timeout_s=_read(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", int, defaults.timeout_s),
+        max_payload_mb=_read(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", int, defaults.max_payload_mb),
+        max_concurrent_transforms=_read(env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", int,
+                                        defaults.max_concurrent_transforms),
+        max_batch_size=_read(env, "SERVE_MAX_BATCH_SIZE", int, defaults.max_batch_size),
+        max_batch_wait_ms=_read(env, "SERVE_MAX_BATCH_WAIT_MS", float,
+                                defaults.max_batch_wait_ms),
+    )

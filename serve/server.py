@@ -1,0 +1,68 @@
+"""Runs the app under gunicorn, configured for a TensorFlow model behind SageMaker.
+
+- The master binds the port at once and never imports TensorFlow (`preload_app` is off):
+  TensorFlow's thread pools do not survive fork, and each worker's copy would be wasted.
+- Each worker builds the app right after fork, starts loading the model in a background
+  thread and serves at once: /ping answers 503 within milliseconds until the model is
+  loaded and warmed up. A model that cannot load leaves the worker up, answering 503 with
+  the reason, instead of exiting and being restarted forever.
+- Workers are `gthread`: one process holds the model once and many request threads wait on
+  the micro-batcher, which is what lets concurrent requests share model calls. One worker is
+  the default; more multiply the model in memory and split the batches.
+- SIGTERM stops accepting, lets in-flight requests finish and exits within
+  GRACEFUL_TIMEOUT_S, inside the 30 s SageMaker allows before SIGKILL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from serve.config import ServeConfig
+from serve.logs import logging_config
+
+GRACEFUL_TIMEOUT_S = 20
+# Longer than the idle timeout of the load balancer in front, so that it, not the server,
+# closes idle connections and never sends a request on a connection being closed.
+KEEPALIVE_S = 75
+
+
+def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
+    """gunicorn's settings for `config`."""
+    return {
+        "bind": [f"0.0.0.0:{config.port}"],
+        "workers": config.workers,
+        "worker_class": "gthread",
+        "threads": config.threads,
+        "timeout": config.timeout_s,
+        "graceful_timeout": GRACEFUL_TIMEOUT_S,
+        "keepalive": KEEPALIVE_S,
+        "preload_app": False,
+        "accesslog": None,  # serve.app logs every request itself, as JSON (serve.logs)
+        "logconfig_dict": logging_config(),
+        "control_socket_disable": True,  # one fixed socket path per user would clash
+        "proc_name": "serve",
+    }
+
+
+class _Gunicorn(BaseApplication):
+    def __init__(self, config: ServeConfig):
+        self._config = config
+        super().__init__()
+
+    def load_config(self) -> None:
+        for name, value in gunicorn_options(self._config).items():
+            self.cfg.set(name, value)
+
+    def load(self):
+        # Imported here, in the worker: Flask and numpy take half a second to import, and the
+        # master must bind the port within SageMaker's 250 ms of start.
+        from serve.worker import build_worker_app
+
+        return build_worker_app(self._config)
+
+
+def run_server(config: ServeConfig) -> None:
+    """Serve until SIGTERM or SIGINT; gunicorn exits the process when done."""
+    _Gunicorn(config).run()

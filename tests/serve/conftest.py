@@ -1,0 +1,43 @@
+"""Fixtures: the test classifier in a model directory, loaded once, and the app serving it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serve_testing import write_model
+
+from serve.app import create_app
+from serve.batching import MicroBatcher
+from serve.config import ServeConfig
+from serve.model import Model
+
+
+@pytest.fixture(scope="session")
+def ml_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ml")
+    write_model(root / "model")
+    return root
+
+
+@pytest.fixture(scope="session")
+def config(ml_root) -> ServeConfig:
+    return ServeConfig(ml_root=ml_root, max_payload_mb=1, max_batch_size=8, timeout_s=30)
+
+
+@pytest.fixture(scope="session")
+def loaded_model(config) -> Model:
+    model = Model(config.model_dir)
+    model.load()
+    return model
+
+
+@pytest.fixture(scope="session")
+def app(config, loaded_model):
+    batcher = MicroBatcher(loaded_model.predict, config.max_batch_size, 0.001).start()
+    return create_app(config, loaded_model, batcher)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
