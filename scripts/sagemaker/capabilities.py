@@ -1,7 +1,10 @@
-"""What this image supports, said once, in SageMaker's words.
+"""What this image supports, in SageMaker's words.
 
 The training job checks, the algorithm registration and the deploy/transform checks all read
-these tuples; changing what the container accepts means changing it here (and in the container).
+these names. Where the container already defines a fact (the built-in channels, the S3
+distributions, the checkpoint folder, the media types `serve` speaks) it is imported from
+there; the rest has no other home: the MIME names of the channel formats (the trainer goes by
+file suffix), the input modes the trainer can read, and the instance types.
 
 - Training channels: `train` (required) and `validation` (optional), each a folder of
   `text/csv` files (no header, label in the first column) or `application/x-npz` files (arrays
@@ -16,16 +19,20 @@ these tuples; changing what the container accepts means changing it here (and in
 
 from __future__ import annotations
 
-TRAINING_CHANNELS = {"train": True, "validation": False}  # name -> required
+from container.paths import MlPaths
+from container.plan import BUILTIN_CHANNELS
+from container.sagemaker_config import DISTRIBUTIONS
+from serve.codecs import CSV, JSONLINES, MEDIA_TYPES
+
+TRAINING_CHANNELS = {name: name == "train" for name in BUILTIN_CHANNELS}  # name -> required
 TRAINING_CONTENT_TYPES = ("text/csv", "application/x-npz")
 TRAINING_INPUT_MODES = ("File", "FastFile")
-S3_DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+S3_DISTRIBUTIONS = DISTRIBUTIONS
+CHECKPOINT_LOCAL_PATH = str(MlPaths().checkpoint_dir)
 
-SERVING_CONTENT_TYPES = ("application/json", "text/csv", "application/jsonlines",
-                         "application/x-npy")
-SERVING_RESPONSE_TYPES = SERVING_CONTENT_TYPES
-LINE_CONTENT_TYPES = ("text/csv", "application/jsonlines")  # one record per line
+SERVING_CONTENT_TYPES = MEDIA_TYPES  # what `serve` decodes, and answers in
+SERVING_RESPONSE_TYPES = MEDIA_TYPES
+LINE_CONTENT_TYPES = (CSV, JSONLINES)  # one record per line
 
 CPU_TRAINING_INSTANCE_TYPES = (
     "ml.m5.xlarge", "ml.m5.2xlarge", "ml.m5.4xlarge", "ml.m5.12xlarge", "ml.m5.24xlarge",

@@ -4,7 +4,8 @@ Two configs take hyperparameters: the launcher's `LaunchConfig` (how the cluster
 and the built-in trainer's `TrainerConfig` (what is trained). Both are declared once with
 `hp(...)`; this module never restates a name, type, range or default:
 
-- `check_job_hyperparameters` runs the container's `parse` on a job's map before it is sent,
+- `check_job_hyperparameters` splits a job's map as the launcher does and runs the
+  container's `parse` on it before it is sent,
   so a typo or an out-of-range value fails here with the trainer's own message instead of
   minutes later on a paid instance. Script mode (`program` or `sagemaker_program` set, or
   SAGEMAKER_PROGRAM in the environment) runs the user's script, which receives every key the
@@ -23,7 +24,7 @@ from typing import Any, Mapping
 
 from container.errors import ConfigError
 from container.hyperparameters import describe, names, parse
-from container.launch_config import SDK_PREFIX, LaunchConfig
+from container.launch_config import LaunchConfig, split_hyperparameters
 from train.hyperparameters import TrainerConfig
 
 DESCRIPTION_LIMIT = 1024  # EntityDescription's maximum in the SageMaker API
@@ -76,12 +77,11 @@ def check_job_hyperparameters(raw: Mapping[str, Any],
     (built-in trainer only) with the names that are valid and the nearest ones.
     """
     values = {str(key): as_text(value) for key, value in raw.items()}
-    launch, rest = parse(LaunchConfig, values, allow_unknown=True)
+    launch, user, _ = split_hyperparameters(values)  # the launcher's own split
     program = launch.program or (environment or {}).get("SAGEMAKER_PROGRAM", "")
     if program:
         return values, program
-    rest = {k: v for k, v in rest.items() if not k.startswith(SDK_PREFIX)}
-    _, unknown = parse(TrainerConfig, rest, allow_unknown=True)
+    _, unknown = parse(TrainerConfig, user, allow_unknown=True)
     if unknown:
         valid = sorted(names(TrainerConfig)) + sorted(names(LaunchConfig))
         hints = [f"{close[0]} for {key}" for key in sorted(unknown)
