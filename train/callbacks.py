@@ -49,12 +49,13 @@ class StopOnRequest(tf.keras.callbacks.Callback):
 class EpochReport(tf.keras.callbacks.Callback):
     """Rank 0 prints one METRICS line per epoch (after MetricAverageCallback averaged them)."""
 
-    def __init__(self, samples_per_epoch: int, learning_rate: Callable[[], float]):
+    def __init__(self, samples_per_epoch: int, learning_rate: Callable[[], float],
+                 history: dict[str, list[float]]):
         super().__init__()
         self.samples_per_epoch = samples_per_epoch
         self.learning_rate = learning_rate
         self.started = self.trained = 0.0
-        self.history: dict[str, list[float]] = {}
+        self.history = history  # resumed jobs continue the curves of earlier runs
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started = time.perf_counter()

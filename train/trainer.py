@@ -18,6 +18,7 @@ import tensorflow as tf
 from container.errors import PlatformError
 from container.sagemaker_config import Channel, read_channels
 from container.supervisor import STOPPED_MARKER
+from train import distributed
 from train.batching import BatchPlan, plan_batches
 from train.callbacks import Checkpointer, EpochReport, StopOnRequest
 from train.checkpoints import CheckpointStore
@@ -26,7 +27,6 @@ from train.export import export_model, write_history
 from train.hyperparameters import TrainerConfig
 from train.models import BUILDERS
 from train.rank import RankContext, emit
-from train.runtime import start_horovod
 from train.schedule import WarmupSchedule
 
 
@@ -91,14 +91,10 @@ def training_input(train: Dataset, labels: np.ndarray, plan: BatchPlan, config: 
 
 
 def make_optimizer(config: TrainerConfig, schedule: WarmupSchedule, plan: BatchPlan):
-    if config.optimizer == "sgd":
-        optimizer = tf.keras.optimizers.SGD(schedule, momentum=config.momentum)
-    else:
-        optimizer = tf.keras.optimizers.Adam(schedule)
-    return hvd.DistributedOptimizer(  # distributed: allreduce-averaged, accumulated gradients
-        optimizer, backward_passes_per_step=plan.accumulation_steps,
-        average_aggregated_gradients=True,
-        compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none)
+    inner = tf.keras.optimizers.SGD(schedule, momentum=config.momentum) \
+        if config.optimizer == "sgd" else tf.keras.optimizers.Adam(schedule)
+    return distributed.optimizer(inner, accumulation_steps=plan.accumulation_steps,
+                                 fp16_allreduce=config.fp16_allreduce)
 
 
 def weights_digest(model: tf.keras.Model) -> str:
@@ -119,7 +115,7 @@ def verify_identical_weights(model: tf.keras.Model) -> None:
 
 
 def train(context: RankContext, config: TrainerConfig) -> None:
-    start_horovod()
+    distributed.init()
     if hvd.size() != context.world_size:
         raise PlatformError(f"Horovod sees {hvd.size()} ranks but the launcher planned "
                             f"{context.world_size}")
@@ -172,7 +168,7 @@ def train(context: RankContext, config: TrainerConfig) -> None:
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
-    initial_epoch = 0
+    initial_epoch, history = 0, {}
     if hvd.rank() == 0:
         store.clean_torn()
         latest = store.latest()
@@ -180,6 +176,7 @@ def train(context: RankContext, config: TrainerConfig) -> None:
             folder, state = latest
             CheckpointStore.restore(checkpoint, folder)
             initial_epoch = state["epochs_done"]
+            history = state.get("history", {})
             emit(f"trainer: resumed from {folder} (epochs done: {initial_epoch})")
     initial_epoch = hvd_tf.broadcast_object(initial_epoch, root_rank=0, name="initial_epoch")
     # distributed: every rank starts from rank 0's weights and optimizer state.
@@ -187,11 +184,11 @@ def train(context: RankContext, config: TrainerConfig) -> None:
 
     def save(epochs_done: int, **state) -> None:
         if hvd.rank() == 0:
-            store.save(checkpoint, epochs_done, **state)
+            store.save(checkpoint, epochs_done, history=report.history, **state)
 
     stop = StopOnRequest(plan.accumulation_steps)
     report = EpochReport(steps_per_epoch * plan.global_batch,
-                         lambda: float(schedule(optimizer.iterations)))
+                         lambda: float(schedule(optimizer.iterations)), history)
     callbacks = [hvd.callbacks.MetricAverageCallback(),  # distributed: average epoch metrics
                  stop, report, Checkpointer(save, config.checkpoint_every_epochs, config.epochs)]
     if hvd.rank() == 0:

@@ -1,0 +1,59 @@
+"""Shared fixtures: SageMaker job trees and the real `train` command."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = Path(sys.executable).with_name("train")
+
+
+def _load_default_job():
+    spec = importlib.util.spec_from_file_location("default_job", ROOT / "scripts" / "default_job.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+default_job = _load_default_job()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def make_job(tmp_path):
+    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=...) -> ml root."""
+
+    def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None) -> Path:
+        root = tmp_path / (name or current)
+        default_job.write_job(root, {k: str(v) for k, v in hyperparameters.items()},
+                              list(hosts), current)
+        return root
+
+    return make
+
+
+def run_train(root: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(TRAIN), "--ml-root", str(root), *extra], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def failure_of(root: Path) -> str:
+    path = root / "output" / "failure"
+    return path.read_text() if path.exists() else ""
+
+
+def write_json(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))

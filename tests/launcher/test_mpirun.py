@@ -1,0 +1,128 @@
+"""Golden tests: the whole mpirun argv for the shapes of job that matter."""
+
+from pathlib import Path
+
+import pytest
+
+from container.errors import ConfigError
+from container.mpirun import merge_options, parse_options
+from container.paths import MlPaths
+from container.plan import make_plan
+from container.sagemaker_config import Channel, JobConfig, ResourceConfig
+
+PYTHON = "/venv/bin/python"
+ENV = {"PATH": "/venv/bin:/usr/bin"}
+COMMON = ["mpirun", "--allow-run-as-root", "--tag-output"]
+SAFETY = ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+          "-mca", "orte_abort_on_non_zero_status", "1",
+          "-mca", "btl_vader_single_copy_mechanism", "none"]
+STALL = ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=60", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600"]
+RANK = [PYTHON, "-m", "mpi4py", "-m", "train.rank_main"]
+SSH = ("-p 22 -i /run/job/id_ed25519 -o IdentitiesOnly=yes -o BatchMode=yes "
+       "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/run/job/known_hosts "
+       "-o CheckHostIP=no -o ConnectTimeout=30 -o LogLevel=ERROR")
+
+
+def job(hosts, current, hyperparameters=None, instance_type="ml.c5.xlarge", interface="eth0"):
+    return JobConfig(MlPaths(Path("/opt/ml")),
+                     ResourceConfig(current, tuple(hosts), interface, instance_type),
+                     hyperparameters or {}, {"train": Channel("train")})
+
+
+def rank_env(hosts, per_host, gpus=0):
+    env = ["-x", "TRAIN_ML_ROOT=/opt/ml", "-x", f"TRAIN_HOSTS={','.join(hosts)}",
+           "-x", f"TRAIN_PROCESSES_PER_HOST={per_host}", "-x", "PYTHONUNBUFFERED=1",
+           "-x", "TF_CPP_MIN_LOG_LEVEL=1", *STALL, "-x", "PATH=/venv/bin:/usr/bin"]
+    return env + (["-x", "NCCL_DEBUG=WARN"] if gpus else [])
+
+
+def argv(the_job, gpus=0):
+    return make_plan(the_job, gpu_count=gpus, python=PYTHON, runtime=Path("/run/job"),
+                     environ=ENV).mpirun
+
+
+def test_single_cpu_host_runs_locally_without_ssh():
+    assert list(argv(job(["algo-1"], "algo-1"))) == [
+        *COMMON, "-np", "1", "-H", "localhost:1", *SAFETY, *rank_env(["algo-1"], 1), *RANK]
+
+
+def test_single_gpu_host_runs_one_rank_per_gpu():
+    assert list(argv(job(["algo-1"], "algo-1"), gpus=8)) == [
+        *COMMON, "-np", "8", "-H", "localhost:8", *SAFETY, *rank_env(["algo-1"], 8, gpus=8), *RANK]
+
+
+def test_two_hosts_over_ssh_on_the_configured_interface():
+    hosts = ["algo-1", "algo-2"]
+    assert list(argv(job(hosts, "algo-1", {"processes_per_host": "2"}, interface="ethwe"))) == [
+        *COMMON, "-np", "4", "-H", "algo-1:2,algo-2:2", *SAFETY,
+        "-mca", "plm_rsh_no_tree_spawn", "1", "-mca", "plm_rsh_args", SSH,
+        "-mca", "btl_tcp_if_include", "ethwe", "-mca", "oob_tcp_if_include", "ethwe",
+        "-x", "NCCL_SOCKET_IFNAME=ethwe", *rank_env(hosts, 2), *RANK]
+
+
+@pytest.mark.parametrize("instance_type, extra", [
+    ("ml.p4d.24xlarge", ["-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1"]),
+    ("ml.p5.48xlarge", ["-x", "FI_PROVIDER=efa"]),
+    ("ml.g5.48xlarge", ["-x", "FI_PROVIDER=efa"]),
+    ("ml.g5.12xlarge", []),
+])
+def test_efa_instance_types_get_libfabric_settings(instance_type, extra):
+    hosts = ["algo-1", "algo-2"]
+    result = list(argv(job(hosts, "algo-1", instance_type=instance_type), gpus=8))
+    start = result.index("NCCL_SOCKET_IFNAME=eth0") + 1
+    assert result[start:start + len(extra)] == extra
+    assert ("FI_PROVIDER=efa" in result) == bool(extra)
+
+
+def test_user_options_override_defaults_in_place_and_add_new_ones():
+    hosts = ["algo-1", "algo-2"]
+    result = list(argv(job(hosts, "algo-2", {
+        "sagemaker_mpi_custom_mpi_options":
+            "-mca btl_tcp_if_include eth1 -x NCCL_DEBUG=INFO --mca pml ucx -x FOO=bar --display-map"},
+        ), gpus=1))
+    assert result[result.index("btl_tcp_if_include") + 1] == "eth1"
+    assert result.count("btl_tcp_if_include") == 1
+    assert "NCCL_DEBUG=INFO" in result and "NCCL_DEBUG=WARN" not in result
+    assert result[result.index("pml") - 1:result.index("pml") + 2] == ["--mca", "pml", "ucx"]
+    assert result[-len(RANK) - 3:-len(RANK)] == ["-x", "FOO=bar", "--display-map"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("eth0", "'eth0' is not an mpirun option"),
+    ("-mca btl", "-mca needs 2 value(s)"),
+    ("-x 'unclosed", "cannot be parsed"),
+])
+def test_malformed_user_options(text, message):
+    with pytest.raises(ConfigError) as error:
+        parse_options(text)
+    assert message in str(error.value)
+
+
+def test_merge_keeps_order():
+    defaults = parse_options("-np 2 -x A=1 -mca b c")
+    assert [o.tokens for o in merge_options(defaults, parse_options("-x A=2 -n 4"))] == [
+        ("-n", "4"), ("-x", "A=2"), ("-mca", "b", "c")]
+
+
+def test_script_mode_passes_hyperparameters_as_arguments(tmp_path):
+    paths = MlPaths(tmp_path)
+    paths.code_dir.mkdir(parents=True)
+    (paths.code_dir / "train.py").write_text("")
+    the_job = JobConfig(paths, ResourceConfig("algo-1", ("algo-1",)), {
+        "sagemaker_program": "\"train.py\"", "epochs": "3", "optimizer": "\"adam\"",
+        "anything-goes": "x"}, {})
+    plan = make_plan(the_job, gpu_count=0, python=PYTHON, runtime=Path("/run/job"), environ=ENV)
+    assert plan.mpirun[-9:] == (PYTHON, "-m", "mpi4py", "-m", "train.script_runner",
+                                str(paths.code_dir / "train.py"), "--anything-goes", "x",
+                                "--epochs", "3", "--optimizer", "adam")[-9:]
+    assert plan.batches is None
+
+
+def test_builtin_mode_refuses_unknown_channels_and_pipe_mode():
+    the_job = job(["algo-1"], "algo-1")
+    bad = JobConfig(the_job.paths, the_job.resources, {}, {"train": Channel("train"), "test": Channel("test")})
+    with pytest.raises(ConfigError, match="unknown channel\\(s\\): test"):
+        argv(bad)
+    pipe = JobConfig(the_job.paths, the_job.resources, {}, {"train": Channel("train", input_mode="Pipe")})
+    with pytest.raises(ConfigError, match="Pipe input mode"):
+        argv(pipe)

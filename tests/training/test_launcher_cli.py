@@ -1,0 +1,82 @@
+"""The real `train` command: dry runs, configuration errors, data errors."""
+
+import json
+
+import pytest
+
+from tests.conftest import failure_of, run_train
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(make_job):
+    root = make_job({"global_batch_size": 512, "max_device_batch_size": 64,
+                     "processes_per_host": 2, "learning_rate": 0.1, "base_batch_size": 256})
+    result = run_train(root, "--dry-run", timeout=60)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["hosts"] == ["algo-1"] and plan["leader"] == "algo-1"
+    assert (plan["processes_per_host"], plan["world_size"]) == (2, 2)
+    assert (plan["global_batch"], plan["per_device_batch"], plan["micro_batch"],
+            plan["accumulation_steps"]) == (512, 256, 64, 4)
+    assert plan["learning_rate"] == pytest.approx(0.2)
+    assert plan["mpirun"][0] == "mpirun" and plan["mpirun"][-2:] == ["-m", "train.rank_main"]
+    assert not (root / "output" / "failure").exists() and not (root / "model").exists()
+
+
+def test_dry_run_of_a_worker_in_a_cluster(make_job):
+    root = make_job({}, hosts=["algo-2", "algo-1"], current="algo-2")
+    plan = json.loads(run_train(root, "--dry-run", timeout=60).stdout)
+    assert plan["hosts"] == ["algo-1", "algo-2"] and plan["leader"] == "algo-1"
+    assert plan["is_leader"] is False and "algo-1:1,algo-2:1" in plan["mpirun"]
+
+
+@pytest.mark.parametrize("hyperparameters, message", [
+    ({"epochs": "zero"}, "hyperparameter epochs='zero' is invalid: expected an integer >= 1"),
+    ({"learnin_rate": "0.1"}, "unknown hyperparameter(s) learnin_rate; valid names are:"),
+    ({"global_batch_size": "100", "processes_per_host": "3"},
+     "global_batch_size=100 cannot be split evenly over 3 devices"),
+    ({"mpi_options": "eth0"}, "'eth0' is not an mpirun option"),
+])
+def test_configuration_errors_fail_fast_with_what_to_change(make_job, hyperparameters, message):
+    root = make_job(hyperparameters)
+    result = run_train(root, timeout=60)
+    assert result.returncode == 2
+    assert message in failure_of(root)
+    assert "Traceback" not in result.stdout + result.stderr
+    assert message in result.stderr
+
+
+def test_missing_script_in_script_mode(make_job):
+    root = make_job({"sagemaker_program": "train.py"})
+    result = run_train(root, timeout=60)
+    assert result.returncode == 2
+    assert "script mode: program 'train.py' not found at" in failure_of(root)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("1,2,3\n4,5\n", "digits.csv: not a numeric CSV without header"),
+    ("label,a,b\n1,2,3\n", "digits.csv: not a numeric CSV without header"),
+    ("", "digits.csv: the file is empty"),
+    ("1,2,3\n2,nan,4\n", "digits.csv: row 2 has a NaN or infinite feature"),
+    ("1.5,2,3\n", "digits.csv: row 1 has label 1.5; labels must be integer class numbers"),
+])
+def test_bad_training_data_is_named_in_the_failure(make_job, content, message):
+    root = make_job({"processes_per_host": 1})
+    (root / "input" / "data" / "train" / "digits.csv").write_text(content)
+    result = run_train(root, timeout=180)
+    assert result.returncode != 0
+    failure = failure_of(root)
+    assert "rank 0 on host algo-1 failed" in failure and message in failure, failure
+    assert "Traceback" not in failure
+
+
+def test_unsupported_file_and_empty_channel(make_job):
+    root = make_job({"processes_per_host": 1})
+    train = root / "input" / "data" / "train"
+    (train / "digits.csv").unlink()
+    result = run_train(root, timeout=180)
+    assert result.returncode != 0
+    assert "has no CSV or NPZ files" in failure_of(root)
+    (train / "notes.txt").write_text("hello")
+    run_train(root, timeout=180)
+    assert "notes.txt: unsupported file type; channel files must be CSV (.csv) or NPZ (.npz)" \
+        in failure_of(root)

@@ -1,0 +1,73 @@
+"""A few lines that make a plain Keras script distributed (script mode).
+
+    from train import distributed
+
+    distributed.init()                                   # Horovod; one GPU per rank
+    x, y = distributed.shard(x, y)                       # this rank's share of the data
+    optimizer = distributed.optimizer(
+        tf.keras.optimizers.Adam(distributed.scale_learning_rate(1e-3)))
+    model.compile(optimizer=optimizer, loss=..., metrics=[...])
+    model.fit(x, y, callbacks=distributed.callbacks(), verbose=distributed.verbose())
+    if distributed.is_leader():
+        model.save(os.path.join(os.environ["SM_MODEL_DIR"], "model"))
+
+`callbacks()` broadcasts rank 0's initial weights, averages the epoch metrics over ranks and
+stops every rank together when the job is asked to stop (SIGTERM on SageMaker), so a script
+that uses it ends cleanly within SageMaker's grace period. The built-in trainer uses the same
+functions.
+"""
+
+from __future__ import annotations
+
+import horovod.tensorflow.keras as hvd
+import tensorflow as tf
+
+from train.callbacks import StopOnRequest
+from train.runtime import start_horovod
+
+
+def init() -> None:
+    start_horovod()
+
+
+def rank() -> int:
+    return hvd.rank()
+
+
+def size() -> int:
+    return hvd.size()
+
+
+def is_leader() -> bool:
+    return hvd.rank() == 0
+
+
+def verbose() -> int:
+    """Keras verbosity: progress from rank 0 only."""
+    return 2 if hvd.rank() == 0 else 0
+
+
+def shard(*arrays):
+    """Rank r of W keeps samples r, r+W, ... of each array (for data every rank loaded)."""
+    shares = [array[hvd.rank()::hvd.size()] for array in arrays]
+    return shares[0] if len(shares) == 1 else shares
+
+
+def scale_learning_rate(learning_rate: float) -> float:
+    """Linear scaling: W ranks with the same per-rank batch take W times bigger steps."""
+    return learning_rate * hvd.size()
+
+
+def optimizer(inner: tf.keras.optimizers.Optimizer, *, accumulation_steps: int = 1,
+              fp16_allreduce: bool = False) -> tf.keras.optimizers.Optimizer:
+    """Gradients averaged over ranks (and over `accumulation_steps` micro-batches first)."""
+    return hvd.DistributedOptimizer(
+        inner, backward_passes_per_step=accumulation_steps,
+        average_aggregated_gradients=True,  # k micro-batches = one batch k times bigger
+        compression=hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none)
+
+
+def callbacks(*, accumulation_steps: int = 1) -> list[tf.keras.callbacks.Callback]:
+    return [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            hvd.callbacks.MetricAverageCallback(),
+            StopOnRequest(accumulation_steps)]
