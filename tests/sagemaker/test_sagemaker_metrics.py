@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from sagemaker_testing import REPO
@@ -53,26 +54,12 @@ def test_definitions_are_unique_and_within_sagemakers_limits():
 
 
 DEFAULT_JOB = REPO / "scripts" / "default_job.py"
+CAPTURED = Path(__file__).with_name("data") / "default_job_2_epochs"
 KEY_VALUE = re.compile(r"\s([A-Za-z_]+)=(\S+)")
 
 
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """The embedded 2-process training run, 2 epochs: its whole log and its history."""
-    if not DEFAULT_JOB.exists():
-        pytest.skip("scripts/default_job.py (the embedded training run) does not exist yet")
-    root = tmp_path_factory.mktemp("ml")
-    run = subprocess.run([sys.executable, str(DEFAULT_JOB), "--ml-root", str(root),
-                          "--epochs", "2"], capture_output=True, text=True, timeout=900,
-                         cwd=REPO)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-3000:]
-    history = json.loads((root / "output" / "data" / "history.json").read_text())
-    return log, history
-
-
-def test_real_training_log_yields_every_metric_with_the_right_values(real_run):
-    log, history = real_run
+def assert_every_metric_extracted(log: str, history: dict[str, list[float]]) -> None:
+    """The definitions find each epoch's line once and every value in it, equal to history.json."""
     lines = [line for line in log.splitlines() if "METRICS " in line]
     assert len(lines) == 2, log[-3000:]
     printed = {key for line in lines for key, _ in KEY_VALUE.findall(line[line.index("METRICS"):])}
@@ -87,3 +74,31 @@ def test_real_training_log_yields_every_metric_with_the_right_values(real_run):
     assert {"loss", "accuracy", "val_loss", "val_accuracy", "lr"} <= set(compared)
     for key in compared:
         assert found[by_key[key]] == pytest.approx(history[key], rel=1e-5), key
+
+
+def test_log_captured_from_the_embedded_run():
+    """A log of `default_job.py --epochs 2` as the trainer printed it, with its history.json:
+    mpirun's tags, the launcher's lines and the final RESULT line (which must not count)."""
+    log = CAPTURED.with_suffix(".log").read_text()
+    assert "RESULT loss=" in log and "[1,0]<stdout>:METRICS" in log
+    assert_every_metric_extracted(log, json.loads(
+        CAPTURED.with_suffix(".history.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory):
+    """The embedded 2-process training run, 2 epochs, now: its whole log and its history."""
+    if not DEFAULT_JOB.exists():
+        pytest.skip("scripts/default_job.py (the embedded training run) does not exist yet")
+    root = tmp_path_factory.mktemp("ml")
+    run = subprocess.run([sys.executable, str(DEFAULT_JOB), "--ml-root", str(root),
+                          "--epochs", "2"], capture_output=True, text=True, timeout=900,
+                         cwd=REPO)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    return log, json.loads((root / "output" / "data" / "history.json").read_text())
+
+
+def test_log_of_a_live_embedded_run(live_run):
+    """The same against the trainer as it is now, so a change to its line format fails here."""
+    assert_every_metric_extracted(*live_run)
