@@ -15,6 +15,7 @@ refused and nothing was sent; 1 means AWS refused a request or the followed reso
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -121,16 +122,15 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
 
 
 def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
-    defaults = b.Algorithm(name=args.algorithm_name, image=args.image)
-    return b.Algorithm(
-        name=args.algorithm_name, image=args.image, image_digest=args.image_digest or "",
-        description=args.description or defaults.description,
-        training_instance_types=tuple(args.training_instance_type
-                                      or defaults.training_instance_types),
-        realtime_instance_types=tuple(args.realtime_instance_type
-                                      or defaults.realtime_instance_types),
-        transform_instance_types=tuple(args.transform_instance_type
-                                       or defaults.transform_instance_types))
+    given = {"description": args.description,
+             "training_instance_types": args.training_instance_type,
+             "realtime_instance_types": args.realtime_instance_type,
+             "transform_instance_types": args.transform_instance_type}
+    return dataclasses.replace(
+        b.Algorithm(name=args.algorithm_name, image=args.image,
+                    image_digest=args.image_digest or ""),
+        **{key: value if isinstance(value, str) else tuple(value)
+           for key, value in given.items() if value})
 
 
 def _model_from_args(args: argparse.Namespace, name: str,
