@@ -24,6 +24,8 @@ from train.rank import RankContext, run_rank
 def sm_environment(context: RankContext) -> dict[str, str]:
     """The toolkit's SM_* variables for this rank."""
     paths = context.paths
+    for folder in (paths.model_dir, paths.output_data_dir, paths.checkpoint_dir):
+        folder.mkdir(parents=True, exist_ok=True)  # SageMaker makes them; local runs may not
     os.environ["SAGEMAKER_BASE_DIR"] = str(paths.root)  # read by the toolkit at import
     from sagemaker_training import environment
 

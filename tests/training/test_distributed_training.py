@@ -1,0 +1,210 @@
+"""Real mpirun, real Horovod, real processes: the trainer and the launcher end to end."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+
+from tests.conftest import TRAIN, failure_of, run_train
+
+
+def metrics_lines(output: str) -> list[str]:
+    return [line.split("METRICS ", 1)[1] for line in output.splitlines() if "METRICS epoch=" in line]
+
+
+def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
+    root = make_job({"epochs": 4, "processes_per_host": 2, "learning_rate": 0.002})
+    result = run_train(root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 rank(s): 0@algo-1, 1@algo-1" in result.stdout
+    lines = metrics_lines(result.stdout)
+    assert [line.split()[0] for line in lines] == [f"epoch={n}" for n in range(1, 5)]
+    metadata = json.loads((root / "model" / "metadata.json").read_text())
+    assert metadata["input_shape"] == [64] and metadata["classes"] == list(range(10))
+    assert metadata["final_metrics"]["val_accuracy"] > 0.9
+    assert (root / "model" / "model" / "saved_model.pb").exists()
+    history = json.loads((root / "output" / "data" / "history.json").read_text())
+    assert len(history["val_accuracy"]) == 4
+    assert (root / "output" / "data" / "history.png").read_bytes()[:4] == b"\x89PNG"
+    assert list((root / "output" / "tensorboard").rglob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["epoch-000003", "epoch-000004"]
+    assert not (root / "output" / "failure").exists()
+
+
+def test_cnn_with_fixed_global_batch_and_accumulation(make_job):
+    root = make_job({"epochs": 2, "processes_per_host": 2, "model": "cnn", "image_shape": "8,8,1",
+                     "global_batch_size": 128, "max_device_batch_size": 16, "optimizer": "sgd",
+                     "learning_rate": 0.05, "fp16_allreduce": "true"})
+    result = run_train(root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "global batch 128 = 2 device(s) x 4 accumulated micro-batch(es) x 16" in result.stdout
+    assert json.loads((root / "model" / "metadata.json").read_text())["model"] == "cnn"
+
+
+def test_killed_job_resumes_from_its_checkpoint(make_job):
+    root = make_job({"epochs": 400, "processes_per_host": 2})
+    job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not (root / "checkpoints" / "epoch-000002").exists():
+        assert time.monotonic() < deadline and job.poll() is None, "no checkpoint appeared"
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGKILL)  # no warning: like a lost spot instance
+    job.wait()
+    done = json.loads(max((root / "checkpoints").glob("epoch-*")).joinpath("state.json").read_text())
+    hyperparameters = root / "input" / "config" / "hyperparameters.json"
+    hyperparameters.write_text(json.dumps({"epochs": str(done["epochs_done"] + 2),
+                                           "processes_per_host": "2"}))
+    result = run_train(root)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"resumed from {root / 'checkpoints'}/epoch-{done['epochs_done']:06d}" in result.stdout
+    epochs = [line.split()[0] for line in metrics_lines(result.stdout)]
+    assert epochs == [f"epoch={done['epochs_done'] + 1}", f"epoch={done['epochs_done'] + 2}"]
+    history = json.loads((root / "output" / "data" / "history.json").read_text())
+    assert len(history["loss"]) == done["epochs_done"] + 2  # the curves span both runs
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(make_job):
+    root = make_job({"epochs": 100000, "processes_per_host": 2, "checkpoint_every_epochs": 0})
+    job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    for line in job.stdout:
+        if "METRICS epoch=2 " in line:
+            break
+    job.send_signal(signal.SIGTERM)
+    output = job.communicate(timeout=110)[0]  # SageMaker's grace is 120 s
+    assert job.returncode == 143, output[-3000:]
+    assert "TRAIN-STOPPED checkpoint saved" in output
+    latest = max((root / "checkpoints").glob("epoch-*"))
+    state = json.loads((latest / "state.json").read_text())
+    assert state["interrupted"] is True and state["epochs_done"] >= 2
+    assert "training was stopped by a signal" in failure_of(root)
+    assert not (root / "model" / "metadata.json").exists()
+
+
+def test_k_micro_batches_equal_one_big_batch(make_job):
+    root = make_job({"sagemaker_program": "accumulate.py", "processes_per_host": 2})
+    (root / "code").mkdir()
+    (root / "code" / "accumulate.py").write_text(ACCUMULATION_SCRIPT)
+    result = run_train(root)
+    assert result.returncode == 0, result.stdout[-3000:]
+    report = json.loads((root / "output" / "data" / "accumulation.json").read_text())
+    assert report["max_difference"] < 1e-5, report
+    assert report["max_change"] > 1e-3, report  # the steps really moved the weights
+
+
+ACCUMULATION_SCRIPT = '''
+import json, os
+import numpy as np
+import tensorflow as tf
+from train import distributed
+from train.batching import plan_batches
+from train.trainer import make_optimizer
+from train.hyperparameters import TrainerConfig
+from train.schedule import WarmupSchedule
+
+distributed.init()
+rng = np.random.default_rng(distributed.rank())
+x = rng.normal(size=(64, 8)).astype("float32")
+y = rng.integers(0, 3, size=64)
+
+def trained(accumulation):
+    tf.keras.utils.set_random_seed(7)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="tanh"),
+                                 tf.keras.layers.Dense(3, activation="softmax")])
+    start = [w.numpy() for w in model.weights]
+    plan = plan_batches(world_size=distributed.size(), global_batch_size=128,
+                        per_device_batch_size=1, max_device_batch_size=64 // accumulation,
+                        learning_rate=0.5, base_batch_size=128, scale_learning_rate=True)
+    assert plan.accumulation_steps == accumulation, plan
+    config = TrainerConfig(optimizer="sgd", momentum=0.0)
+    model.compile(optimizer=make_optimizer(config, WarmupSchedule(0.5, 0.5, 0), plan),
+                  loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=plan.micro_batch, epochs=2, shuffle=False, verbose=0)
+    return start, [w.numpy() for w in model.weights]
+
+start, big = trained(1)
+_, accumulated = trained(4)
+if distributed.is_leader():
+    report = {"max_difference": max(float(np.abs(a - b).max()) for a, b in zip(big, accumulated)),
+              "max_change": max(float(np.abs(a - b).max()) for a, b in zip(big, start))}
+    with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "accumulation.json"), "w") as out:
+        json.dump(report, out)
+'''
+
+
+def test_diverged_weights_fail_loudly(make_job):
+    root = make_job({"sagemaker_program": "diverge.py", "processes_per_host": 2})
+    (root / "code").mkdir()
+    (root / "code" / "diverge.py").write_text(
+        "import tensorflow as tf\n"
+        "from train import distributed\n"
+        "from train.trainer import verify_identical_weights\n"
+        "distributed.init()\n"
+        "model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1, kernel_initializer='ones')])\n"
+        "verify_identical_weights(model)\n"  # identical: passes
+        "if distributed.rank() == 1:\n"
+        "    model.layers[0].kernel.assign_add(tf.ones((2, 1)) * 1e-6)\n"
+        "verify_identical_weights(model)\n")
+    result = run_train(root)
+    assert result.returncode != 0
+    failure = failure_of(root)
+    assert "model weights differ between ranks after training" in failure, failure
+    assert failure.startswith("rank ") and "(exit code" in failure
+
+
+def test_a_failing_rank_stops_the_job_within_seconds(make_job):
+    root = make_job({"sagemaker_program": "fail.py", "processes_per_host": 2})
+    (root / "code").mkdir()
+    (root / "code" / "fail.py").write_text(
+        "import time\n"
+        "from mpi4py import MPI\n"
+        "comm = MPI.COMM_WORLD\n"
+        "comm.barrier()\n"
+        "if comm.rank == 1:\n"
+        "    raise ValueError('column 7 holds text where a number was expected')\n"
+        "comm.barrier()  # rank 0 would wait here forever without the abort\n")
+    started = time.monotonic()
+    result = run_train(root, timeout=120)
+    assert result.returncode != 0
+    failure = failure_of(root)
+    assert failure.startswith("rank 1 on host algo-1 failed (exit code 1): ValueError: column 7 "
+                              "holds text where a number was expected"), failure
+    print(f"failing job ended after {time.monotonic() - started:.1f} s")
+
+
+def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
+    root = make_job({"sagemaker_program": "\"probe.py\"", "processes_per_host": 2, "epochs": "3",
+                     "optimizer": "\"adam\"", "sagemaker_region": "\"us-east-1\""},
+                    hosts=["algo-1"], current="algo-1")
+    (root / "code").mkdir()
+    (root / "code" / "probe.py").write_text(
+        "import json, os, sys\n"
+        "from mpi4py import MPI\n"
+        "keys = ['SM_CURRENT_HOST', 'SM_HOSTS', 'SM_MODEL_DIR', 'SM_CHANNEL_TRAIN', 'SM_NUM_GPUS', 'SM_HPS']\n"
+        "out = os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], f'rank{MPI.COMM_WORLD.rank}.json')\n"
+        "json.dump({'argv': sys.argv[1:], **{k: os.environ.get(k) for k in keys}}, open(out, 'w'))\n")
+    result = run_train(root)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((root / "output" / "data" / f"rank{rank}.json").read_text())
+        assert seen["argv"] == ["--epochs", "3", "--optimizer", "adam"]
+        assert seen["SM_CURRENT_HOST"] == "algo-1" and json.loads(seen["SM_HOSTS"]) == ["algo-1"]
+        assert seen["SM_MODEL_DIR"] == str(root / "model")
+        assert seen["SM_CHANNEL_TRAIN"] == str(root / "input" / "data" / "train")
+        assert json.loads(seen["SM_HPS"]) == {"epochs": 3, "optimizer": "adam"}
+
+
+def test_example_user_script_trains(make_job):
+    root = make_job({"sagemaker_program": "keras_script.py", "processes_per_host": 2,
+                     "epochs": 2})
+    (root / "code").mkdir()
+    example = (TRAIN.parent.parent.parent / "train" / "examples" / "keras_script.py")
+    (root / "code" / "keras_script.py").write_text(example.read_text())
+    result = run_train(root)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (root / "model" / "model" / "saved_model.pb").exists()
+    assert len(json.loads((root / "output" / "data" / "history.json").read_text())["loss"]) == 2
