@@ -53,10 +53,11 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher) -> Flas
     @app.post("/invocations")
     def invocations() -> Response:
         model.check_ready()
-        media_type = negotiate(request.headers.get("Accept"))
-        instances = decode(request.get_data(cache=False), request.mimetype,
-                           request.mimetype_params.get("charset"))
-        batch = validate(instances, model.metadata)
+        with batcher.arriving():
+            media_type = negotiate(request.headers.get("Accept"))
+            instances = decode(request.get_data(cache=False), request.mimetype,
+                               request.mimetype_params.get("charset"))
+            batch = validate(instances, model.metadata)
         outputs = batcher.submit(batch, timeout_s=config.timeout_s)
         return Response(encode(outputs, model.metadata, media_type), mimetype=media_type)
 

@@ -8,8 +8,10 @@ holds `max_batch_size` instances or `max_wait_s` has passed since it took the fi
 model once and hands every request its own slice of the outputs. This is the scheme of TF
 Serving's batcher (max_batch_size, batch_timeout_micros) and Triton's dynamic batcher.
 
-While a call runs, new requests queue up, so under load batches fill without any waiting; the
-wait only matters at low load, where it costs at most `max_wait_s` of latency. A request
+While a call runs, new requests queue up, so under load batches fill without any waiting.
+Waiting only pays when another request is about to arrive, so the batcher waits only while
+some request is `arriving` (reading and checking its body, about to `submit`): a lone request
+is run at once instead of idling `max_wait_s` for company that is not coming. A request
 larger than `max_batch_size` is run alone, in chunks of `max_batch_size`, so the model never
 sees more rows at once than configured. If a shared call fails, each request in it is retried
 alone, so one request that breaks the model cannot fail the others.
@@ -21,8 +23,9 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -55,6 +58,8 @@ class MicroBatcher:
         self._max_wait_s = max_wait_s
         self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._held: _Request | None = None  # taken from the queue but did not fit the last call
+        self._arriving = 0
+        self._arriving_lock = threading.Lock()
         self.stats = BatchStats()
         # A daemon: the worker process ends when gunicorn has answered its last request.
         self._thread = threading.Thread(target=self._run, name="micro-batcher", daemon=True)
@@ -62,6 +67,21 @@ class MicroBatcher:
     def start(self) -> MicroBatcher:
         self._thread.start()
         return self
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Count a request as on its way to `submit` while it decodes (see the module doc).
+
+        Leave the block before calling `submit`: a request counted while already queued
+        would make every call wait out `max_wait_s` for it.
+        """
+        with self._arriving_lock:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._arriving_lock:
+                self._arriving -= 1
 
     def submit(self, batch: np.ndarray, timeout_s: float) -> np.ndarray:
         """Predict `batch` as part of a shared call; raise TimeoutError after `timeout_s`."""
@@ -81,11 +101,12 @@ class MicroBatcher:
         return self._queue.get(timeout=timeout_s)
 
     def _gather(self) -> list[_Request]:
-        """Block for one request, then add more until the call is full or the wait is over."""
+        """Block for one request, then add more until the call is full, nothing more is on
+        its way, or the wait is over."""
         first = self._next(timeout_s=None)
         call, size = [first], len(first.batch)
         deadline = time.monotonic() + self._max_wait_s
-        while size < self._max_batch_size:
+        while size < self._max_batch_size and (self._arriving or not self._queue.empty()):
             try:
                 request = self._next(timeout_s=max(0.0, deadline - time.monotonic()))
             except queue.Empty:

@@ -20,6 +20,7 @@ response holds the raw output array (probabilities in the order of metadata.json
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -48,6 +49,7 @@ def _quality(media_type: str, ranges: list[tuple[str, float]]) -> float:
     return quality
 
 
+@functools.lru_cache(maxsize=256)  # clients repeat their Accept header on every request
 def negotiate(accept: str | None) -> str:
     """The response media type for an Accept header, comparing media types only.
 

@@ -15,6 +15,7 @@ INPUT_SHAPE = (2, 2)
 CLASSES = ["cat", "dog", "bird"]
 KERNEL = (np.arange(12, dtype=np.float32).reshape(4, 3) - 6) / 4
 BIAS = np.array([0.1, -0.2, 0.3], np.float32)
+INSTANCES = [[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-2.0, 0.25, 0.0, 3.0]]
 METADATA = {"format": "keras-savedmodel", "model_path": "model", "input_shape": list(INPUT_SHAPE),
             "input_dtype": "float32", "task": "classification", "classes": CLASSES,
             "output": "probabilities", "feature_count": 4, "trained_epochs": 3}

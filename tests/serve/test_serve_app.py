@@ -11,14 +11,13 @@ import threading
 
 import numpy as np
 import pytest
-from serve_testing import CLASSES, expected_probabilities
+from serve_testing import CLASSES, INSTANCES, expected_probabilities
 
 from serve.app import create_app
 from serve.batching import MicroBatcher
 from serve.config import ServeConfig
 from serve.model import Model
 
-INSTANCES = [[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-2.0, 0.25, 0.0, 3.0]]
 NESTED = np.array(INSTANCES).reshape(-1, 2, 2).tolist()
 
 

@@ -1,0 +1,80 @@
+"""Settings from the environment, the gunicorn settings built from them, and the `serve` CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from container.serve_cli import parse_args
+from serve.config import ServeConfig, ServeConfigError, config_from_env
+from serve.logs import logging_config
+from serve.server import gunicorn_options
+
+
+def test_defaults_suit_sagemaker_and_tensorflow():
+    config = config_from_env(Path("/opt/ml"), {})
+    assert config == ServeConfig(ml_root=Path("/opt/ml"), port=8080, workers=1, threads=64,
+                                 timeout_s=60, max_payload_mb=6, max_concurrent_transforms=0,
+                                 max_batch_size=128, max_batch_wait_ms=1.0)
+    assert config.model_dir == Path("/opt/ml/model")
+    assert config.max_payload_bytes == 6 * 1024 * 1024
+    assert config.concurrent_transforms == 64
+
+
+def test_every_setting_comes_from_its_variable():
+    env = {"SAGEMAKER_BIND_TO_PORT": "9000", "SAGEMAKER_MODEL_SERVER_WORKERS": "2",
+           "SERVE_THREADS": "16", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "30",
+           "SAGEMAKER_MAX_PAYLOAD_IN_MB": "0", "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "4",
+           "SERVE_MAX_BATCH_SIZE": "64", "SERVE_MAX_BATCH_WAIT_MS": " 2.5 "}
+    config = config_from_env(Path("/ml"), env)
+    assert config == ServeConfig(ml_root=Path("/ml"), port=9000, workers=2, threads=16,
+                                 timeout_s=30, max_payload_mb=0, max_concurrent_transforms=4,
+                                 max_batch_size=64, max_batch_wait_ms=2.5)
+    assert config.max_payload_bytes is None  # 0: no limit
+    assert config.concurrent_transforms == 4
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("SAGEMAKER_MODEL_SERVER_WORKERS", "two", "SAGEMAKER_MODEL_SERVER_WORKERS='two' is not an "
+                                              "integer"),
+    ("SAGEMAKER_BIND_TO_PORT", "70000", "SAGEMAKER_BIND_TO_PORT=70000 is out of range: "
+                                        "expected 1 to 65535"),
+    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "101", "SAGEMAKER_MAX_PAYLOAD_IN_MB=101 is out of range: "
+                                           "expected 0 to 100"),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "1.5", "SAGEMAKER_MODEL_SERVER_TIMEOUT='1.5' is not an "
+                                              "integer"),
+    ("SERVE_MAX_BATCH_WAIT_MS", "nan", "SERVE_MAX_BATCH_WAIT_MS='nan' is not a finite number"),
+    ("SERVE_MAX_BATCH_WAIT_MS", "-1", "SERVE_MAX_BATCH_WAIT_MS=-1.0 is out of range: expected "
+                                      "0.0 to 1000.0"),
+    ("SERVE_MAX_BATCH_SIZE", "0", "SERVE_MAX_BATCH_SIZE=0 is out of range: expected 1 to "
+                                  "1000000"),
+])
+def test_a_bad_value_names_the_variable_and_what_is_allowed(name, value, message):
+    with pytest.raises(ServeConfigError) as error:
+        config_from_env(Path("/opt/ml"), {name: value})
+    assert str(error.value) == message
+
+
+def test_gunicorn_settings():
+    config = ServeConfig(port=9000, workers=2, threads=16, timeout_s=30)
+    assert gunicorn_options(config) == {
+        "bind": ["0.0.0.0:9000"], "workers": 2, "worker_class": "gthread", "threads": 16,
+        "timeout": 30, "graceful_timeout": 20, "keepalive": 75, "preload_app": False,
+        "accesslog": None, "logconfig_dict": logging_config(), "control_socket_disable": True,
+        "proc_name": "serve"}
+
+
+def test_cli_reads_ml_root_and_environment(monkeypatch):
+    monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "8123")
+    config = parse_args(["--ml-root", "/tmp/job"])
+    assert (config.ml_root, config.port) == (Path("/tmp/job"), 8123)
+    assert parse_args([]).ml_root == Path("/opt/ml")
+
+
+def test_cli_refuses_a_bad_environment_with_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setenv("SERVE_THREADS", "lots")
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([])
+    assert exit_.value.code == 2
+    assert "serve: error: SERVE_THREADS='lots' is not an integer" in capsys.readouterr().err

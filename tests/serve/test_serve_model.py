@@ -1,0 +1,127 @@
+"""Loading: every way a model directory can be unservable says so; a regressor's raw outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from serve_testing import INSTANCES, METADATA, expected_probabilities
+
+from serve.app import create_app
+from serve.batching import MicroBatcher
+from serve.config import ServeConfig
+from serve.errors import ModelLoadError
+from serve.metadata import read_metadata
+from serve.model import Model
+
+
+def with_metadata(model_dir, **changes) -> None:
+    document = {key: value for key, value in {**METADATA, **changes}.items()
+                if value is not None}
+    (model_dir / "metadata.json").write_text(json.dumps(document))
+
+
+@pytest.fixture
+def model_dir(ml_root, tmp_path):
+    """A copy of the test model's directory whose metadata.json a test may change."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "model").symlink_to(ml_root / "model" / "model")
+    with_metadata(directory)
+    return directory
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"format": "onnx"}, "metadata.json: format 'onnx' is not supported; expected "
+                         "'keras-savedmodel'"),
+    ({"input_dtype": "float64"}, 'metadata.json: input_dtype \'float64\' is not supported; '
+                                 'expected "float32"'),
+    ({"input_shape": []}, "metadata.json: input_shape must be a non-empty list of positive "
+                          "integers (one instance, no batch dimension), got []"),
+    ({"input_shape": [8, 0]}, "metadata.json: input_shape must be a non-empty list of positive "
+                              "integers (one instance, no batch dimension), got [8, 0]"),
+    ({"input_shape": None}, "metadata.json: input_shape must be a non-empty list of positive "
+                            "integers (one instance, no batch dimension), got None"),
+    ({"classes": []}, 'metadata.json: a classification model needs "classes", the non-empty '
+                      "list of labels in output order, got []"),
+    ({"output": "logits"}, "metadata.json: output 'logits' is not supported for a classifier; "
+                           'expected "probabilities"'),
+    ({"model_path": 7}, "metadata.json: model_path must be a path relative to {dir}, got 7"),
+])
+def test_bad_metadata_says_which_key_is_wrong(model_dir, changes, message):
+    with_metadata(model_dir, **changes)
+    with pytest.raises(ModelLoadError) as error:
+        read_metadata(model_dir)
+    assert str(error.value) == message.format(dir=model_dir)
+
+
+def test_metadata_that_is_not_json(model_dir):
+    (model_dir / "metadata.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=r"metadata.json cannot be read as JSON: Expecting"):
+        read_metadata(model_dir)
+
+
+def test_unknown_metadata_keys_are_ignored(model_dir):
+    with_metadata(model_dir, final_metrics={"accuracy": 0.9}, tensorflow="2.15.1")
+    assert read_metadata(model_dir).input_shape == (2, 2)
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing", "the SavedModel directory {dir}/elsewhere named by metadata.json model_path "
+                "does not exist"),
+    ("empty", "{dir}/empty is not a loadable Keras SavedModel: "),
+    ("classes", "the model outputs shape [3] per instance, but metadata.json lists 4 classes"),
+])
+def test_an_unservable_model_fails_to_load_with_the_reason(model_dir, setup, message):
+    if setup == "missing":
+        with_metadata(model_dir, model_path="elsewhere")
+    elif setup == "empty":
+        (model_dir / "empty").mkdir()
+        with_metadata(model_dir, model_path="empty")
+    else:
+        with_metadata(model_dir, classes=["a", "b", "c", "d"])
+    model = Model(model_dir)
+    with pytest.raises(ModelLoadError) as error:
+        model.load()
+    assert str(error.value).startswith(message.format(dir=model_dir))
+    assert not model.ready
+
+
+CHECK_IMPORTS = """
+import sys
+from pathlib import Path
+import serve.worker
+from serve.model import Model
+try:
+    Model(Path(sys.argv[1])).load()
+except Exception as error:
+    print(error)
+print("tensorflow" in sys.modules)
+"""
+
+
+def test_metadata_problems_are_found_before_tensorflow_is_imported(tmp_path):
+    """A missing model is reported at once, and the app's modules never import TensorFlow."""
+    output = subprocess.run([sys.executable, "-c", CHECK_IMPORTS, str(tmp_path)],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert output[0].startswith("no model to serve:")
+    assert output[1] == "False"
+
+
+def test_a_model_that_is_not_a_classifier_returns_its_outputs(model_dir):
+    with_metadata(model_dir, task="regression", classes=None, output=None)
+    model = Model(model_dir)
+    model.load()
+    batcher = MicroBatcher(model.predict, 8, 0.001).start()
+    client = create_app(ServeConfig(ml_root=model_dir.parent), model, batcher).test_client()
+    expected = expected_probabilities(INSTANCES)
+    body = json.dumps(INSTANCES)
+    answer = client.post("/invocations", data=body, content_type="application/json")
+    np.testing.assert_allclose(answer.get_json()["predictions"], expected, rtol=1e-5)
+    answer = client.post("/invocations", data=body, content_type="application/json",
+                         headers={"Accept": "text/csv"})
+    np.testing.assert_allclose(np.loadtxt(answer.get_data(as_text=True).splitlines(),
+                                          delimiter=",", ndmin=2), expected, rtol=1e-5)
