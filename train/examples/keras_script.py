@@ -50,7 +50,7 @@ def main() -> None:
         model.save(os.path.join(os.environ["SM_MODEL_DIR"], "model"), save_format="tf",
                    include_optimizer=False)
         with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "history.json"), "w") as out:
-            json.dump(history.history, out)
+            json.dump(history.history, out, default=float)  # metrics arrive as numpy floats
 
 
 if __name__ == "__main__":

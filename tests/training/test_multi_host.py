@@ -1,0 +1,134 @@
+"""Two hosts on one machine: 127.0.0.1 (leader) and 127.0.0.2 (worker), each with its own
+launcher, its own SageMaker tree and its own sshd. mpirun really crosses over ssh to the
+second address (OpenMPI treats it as a remote node), so the leader/worker protocol, the job
+key, strict host-key checking and the failure paths all run for real. Separate containers
+are tested in tests/container."""
+
+import json
+import os
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import TRAIN, failure_of, free_port
+
+HOSTS = ["127.0.0.1", "127.0.0.2"]
+
+PROBE = '''
+import json, os, socket
+import horovod.tensorflow as hvd
+import tensorflow as tf
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().tolist()
+out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank{hvd.rank()}.json")
+json.dump({"host": os.environ["SM_CURRENT_HOST"], "ssh": os.environ.get("SSH_CONNECTION"),
+           "sum": total}, open(out, "w"))
+'''
+
+
+@pytest.fixture
+def cluster(make_job):
+    def make(hyperparameters, program=None, source=None):
+        ports = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
+                 "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1}
+        roots = {}
+        for host in HOSTS:
+            values = {**ports, **hyperparameters, **({"sagemaker_program": program} if program else {})}
+            roots[host] = make_job(values, hosts=HOSTS, current=host)
+            if program:
+                (roots[host] / "code").mkdir()
+                (roots[host] / "code" / program).write_text(source)
+        return roots
+    return make
+
+
+def start(root):
+    return subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_a_job_crosses_hosts_over_ssh(cluster):
+    roots = cluster({}, "probe.py", PROBE)
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader_output = leader.communicate(timeout=240)[0]
+    worker_output = worker.communicate(timeout=30)[0]
+    assert leader.returncode == 0, leader_output[-3000:]
+    assert worker.returncode == 0, worker_output[-3000:]
+    assert "launcher: all 2 hosts ready" in leader_output
+    assert "the leader 127.0.0.1 reports exit code 0" in worker_output
+    data = roots["127.0.0.1"] / "output" / "data"  # ranks write where TRAIN_ML_ROOT points
+    ranks = [json.loads((data / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["host"] for r in ranks] == HOSTS
+    assert ranks[0]["ssh"] is None and ranks[1]["ssh"] is not None  # rank 1 came over ssh
+    assert ranks[0]["sum"] == ranks[1]["sum"] == [3.0]
+
+
+def test_the_builtin_trainer_across_hosts(cluster):
+    roots = cluster({"epochs": 2})
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader_output = leader.communicate(timeout=300)[0]
+    worker.communicate(timeout=30)
+    assert leader.returncode == worker.returncode == 0, leader_output[-3000:]
+    assert "2 rank(s): 0@127.0.0.1, 1@127.0.0.2" in leader_output
+    assert (roots["127.0.0.1"] / "model" / "metadata.json").exists()
+    assert not (roots["127.0.0.2"] / "model" / "metadata.json").exists()
+
+
+def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
+    roots = cluster({}, "fail.py", "from mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
+                    "if MPI.COMM_WORLD.rank == 1:\n    raise MemoryError('batch too large for this GPU')\n"
+                    "MPI.COMM_WORLD.barrier()\n")
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader.communicate(timeout=120)
+    worker.communicate(timeout=30)
+    assert leader.returncode != 0 and worker.returncode != 0
+    expected = "rank 1 on host 127.0.0.2 failed (exit code 1): MemoryError: batch too large"
+    assert failure_of(roots["127.0.0.1"]).startswith(expected)
+    assert failure_of(roots["127.0.0.2"]).startswith(f"reported by the leader 127.0.0.1: {expected}")
+
+
+def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
+    roots = cluster({}, "hang.py", "import time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
+                    "open(__import__('os').environ['SM_OUTPUT_DATA_DIR'] + f'/up{MPI.COMM_WORLD.rank}', 'w')\n"
+                    "MPI.COMM_WORLD.barrier()\ntime.sleep(600)\n")
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    marker = roots["127.0.0.1"] / "output" / "data" / "up1"
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline, "ranks never started"
+        time.sleep(0.2)
+    # The host dies: its launcher, its sshd, and the MPI daemon (orted daemonizes, so it is
+    # found by the job key in its command line) with the rank it started.
+    doomed = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    for process in psutil.process_iter(["cmdline"]):
+        if "orted" in (process.info["cmdline"] or [""])[0] and \
+                f"train-job-{leader.pid}/" in " ".join(process.info["cmdline"]):
+            doomed += [process, *process.children(recursive=True)]
+    assert any("orted" in p.name() for p in doomed)
+    for process in doomed:
+        process.kill()
+    started = time.monotonic()
+    leader.communicate(timeout=90)
+    print(f"leader exited {time.monotonic() - started:.1f} s after the worker died")
+    assert leader.returncode != 0
+    assert "127.0.0.2" in failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
+
+
+def test_a_worker_whose_leader_never_comes_exits_naming_it(cluster):
+    roots = cluster({"leader_timeout": 3})
+    worker = start(roots["127.0.0.2"])
+    output = worker.communicate(timeout=60)[0]
+    assert worker.returncode == 3, output
+    assert "the leader 127.0.0.1 never answered on port" in failure_of(roots["127.0.0.2"])
+
+
+def test_a_leader_whose_worker_never_comes_names_it(cluster):
+    roots = cluster({"host_timeout": 3})
+    leader = start(roots["127.0.0.1"])
+    output = leader.communicate(timeout=60)[0]
+    assert leader.returncode == 3, output
+    assert "never reported ready within 3 s: 127.0.0.2" in failure_of(roots["127.0.0.1"])
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(roots["127.0.0.1"]) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
