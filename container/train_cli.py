@@ -46,6 +46,7 @@ from container import network, sshd
 from container.coordination import Leader, follow_leader
 from container.errors import TrainError
 from container.failure import write_failure
+from container.init import become_init
 from container.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import LaunchPlan, make_plan
 from container.sagemaker_config import read_job_config
@@ -54,6 +55,7 @@ from container.supervisor import Outcome, run_mpirun
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    become_init()
     return launch(MlPaths(args.ml_root), dry_run=args.dry_run)
 
 
