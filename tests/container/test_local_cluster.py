@@ -162,6 +162,7 @@ def test_killing_a_worker_fails_every_host_naming_it(engine, image, digits, tmp_
     assert codes["algo-2"] != 0 and codes["algo-1"] != 0, (codes, logs)
     failure = local_cluster.host_dir(spec, "algo-1") / "output" / "failure"
     assert failure.exists(), logs
+    print(f"algo-1 failure after algo-2 was killed: {failure.read_text()}")
     assert "algo-2" in failure.read_text(), failure.read_text()
 
 
@@ -186,6 +187,7 @@ def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, 
     assert code != 0, logs
     failure = local_cluster.host_dir(spec, "algo-2") / "output" / "failure"
     assert failure.exists(), logs
+    print(f"algo-2 failure, leader {leader}: {failure.read_text()}")
     assert "algo-1" in failure.read_text(), failure.read_text()
 
 

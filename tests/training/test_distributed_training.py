@@ -208,3 +208,16 @@ def test_example_user_script_trains(make_job):
     assert result.returncode == 0, result.stdout[-3000:]
     assert (root / "model" / "model" / "saved_model.pb").exists()
     assert len(json.loads((root / "output" / "data" / "history.json").read_text())["loss"]) == 2
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_likely_cause(make_job):
+    root = make_job({"sagemaker_program": "oom.py", "processes_per_host": 2})
+    (root / "code").mkdir()
+    (root / "code" / "oom.py").write_text(
+        "import os, signal, time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
+        "if MPI.COMM_WORLD.rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does\n"
+        "time.sleep(60)\n")
+    result = run_train(root, timeout=120)
+    assert result.returncode != 0
+    assert failure_of(root).startswith(
+        "rank 1 on host algo-1 was killed by signal 9 (Killed) - likely out of memory"), failure_of(root)
