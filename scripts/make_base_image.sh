@@ -62,5 +62,7 @@ printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$ROOTFS/etc/pi
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/*
 
 tar --numeric-owner -C "$ROOTFS" -c . \
-  | "$ENGINE" import --change 'CMD ["/bin/bash"]' - "$IMAGE" >/dev/null
+  | "$ENGINE" import --change 'CMD ["/bin/bash"]' \
+      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      - "$IMAGE" >/dev/null
 echo "base image: $IMAGE imported"
