@@ -34,10 +34,11 @@ DEADLINE_S = 300  # generous: loading TensorFlow on a busy 2-core machine takes 
 
 
 def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):
+    """Poll `condition` until it returns something other than None or False; return that."""
     deadline = time.monotonic() + timeout_s
     while True:
         result = condition()
-        if result:
+        if result is not None and result is not False:
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s} s")
@@ -53,10 +54,11 @@ class Server:
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.process = subprocess.Popen(
-            [str(SERVE), "--ml-root", str(ml_root)], stdout=subprocess.DEVNULL,
-            stderr=log.open("w"), start_new_session=True,
-            env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env})
+        with log.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [str(SERVE), "--ml-root", str(ml_root)], stdout=subprocess.DEVNULL,
+                stderr=stderr, start_new_session=True,
+                env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env})
 
     def answer(self, method: str, path: str, **kwargs) -> requests.Response | None:
         """The server's answer, or None while it does not accept connections yet."""
@@ -261,9 +263,9 @@ def test_sigterm_stops_the_server_gracefully(server):
 def test_a_missing_model_is_reported_and_the_server_stays_up(tmp_path):
     server = Server(tmp_path, tmp_path / "serve.log")
     try:
-        def failed():
+        def failed() -> requests.Response | None:
             answer = server.answer("GET", "/ping")
-            return answer is not None and "failed" in answer.json()["error"] and answer
+            return answer if answer is not None and "failed" in answer.json()["error"] else None
 
         answer = wait_for(failed, "/ping reporting the failed load")
         assert answer.status_code == 503
