@@ -89,3 +89,16 @@ sagemaker-deploy: setup
 ## Batch transform with an existing model (--model-name) or a new one.
 sagemaker-transform: setup
 	$(SAGEMAKER_TOOL) transform $(ARGS)
+
+# --- inference server (issue 3) ---------------------------------------------------------
+# See serve/README_SECTION.md. The benchmark trains the default job into build/bench-serve
+# first when no model is there.
+.PHONY: test-serve bench-serve
+
+## The inference server's tests (unit, fuzzing, end to end with the real trainer).
+test-serve: setup
+	$(PY) -m pytest -q tests/serve
+
+## Requests/s and p50/p99 of serve vs the classic BYOC baseline vs in-process predict.
+bench-serve: setup
+	$(PY) scripts/bench_serve.py
