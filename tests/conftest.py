@@ -44,6 +44,19 @@ def make_job(tmp_path):
     return make
 
 
+@pytest.fixture
+def make_script_job(make_job):
+    """make_script_job(program, hyperparameters, source, ...) -> ml root with code/<program>."""
+
+    def make(program: str, hyperparameters: dict, source: str, **job) -> Path:
+        root = make_job({**hyperparameters, "sagemaker_program": program}, **job)
+        (root / "code").mkdir(exist_ok=True)
+        (root / "code" / program).write_text(source)
+        return root
+
+    return make
+
+
 def run_train(root: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(TRAIN), "--ml-root", str(root), *extra], capture_output=True,
                           text=True, timeout=timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +50,33 @@ def unique(name: str) -> str:
     return f"{PREFIX}-{name}-{uuid.uuid4().hex[:6]}"
 
 
+# The first test that needs the image builds it: from scratch that is the base image plus a
+# TensorFlow install and a Horovod compile (about 15 minutes on 2 busy cores), longer than
+# the suite's default per-test timeout (pyproject.toml).
+BUILD_TIMEOUT_S = 2700
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT_S))
+
+
+def run_script(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run a script in its own process group, and kill the whole group (an engine build or
+    push included) if the test is interrupted or times out."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, text=True, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
 @pytest.fixture(scope="session")
 def engine() -> "local_cluster.Engine":
     return local_cluster.Engine.detect()
@@ -70,9 +98,8 @@ def sweep_leftovers(engine):
 @pytest.fixture(scope="session")
 def image(engine) -> str:
     """The CPU image, built from the local Debian base (cached layers after the first time)."""
-    result = subprocess.run(["bash", "scripts/build_image.sh"], cwd=REPO, text=True,
-                            capture_output=True, env={**engine.env, "VARIANT": "cpu",
-                                                      "IMAGE": IMAGE})
+    result = run_script(["bash", "scripts/build_image.sh"],
+                        {**engine.env, "VARIANT": "cpu", "IMAGE": IMAGE}, BUILD_TIMEOUT_S - 60)
     if result.returncode:
         pytest.fail(f"image build failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
     return IMAGE

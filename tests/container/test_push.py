@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import free_port, run_script
 
 pytestmark = pytest.mark.container
 
@@ -63,9 +63,8 @@ def image_id(engine, name: str) -> str:
 
 def test_push_to_a_registry_and_pull_back(engine, image, registry):
     name, tag = "sagemaker-horovod", "pushtest"
-    result = subprocess.run(["bash", "scripts/build_and_push.sh", name, tag], cwd=REPO,
-                            capture_output=True, text=True, timeout=1200,
-                            env={**engine.env, "VARIANT": "cpu", "REGISTRY": registry})
+    result = run_script(["bash", "scripts/build_and_push.sh", name, tag],
+                        {**engine.env, "VARIANT": "cpu", "REGISTRY": registry}, 1200)
     assert result.returncode == 0, result.stderr[-4000:]
     remote = f"{registry}/{name}:{tag}"
     assert result.stdout.strip().splitlines()[-1] == remote

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from tests.conftest import TRAIN, failure_of, run_train
+from tests.conftest import ROOT, TRAIN, failure_of, run_train
 
 
 def metrics_lines(output: str) -> list[str]:
@@ -85,10 +85,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(make_job):
     assert not (root / "model" / "metadata.json").exists()
 
 
-def test_k_micro_batches_equal_one_big_batch(make_job):
-    root = make_job({"sagemaker_program": "accumulate.py", "processes_per_host": 2})
-    (root / "code").mkdir()
-    (root / "code" / "accumulate.py").write_text(ACCUMULATION_SCRIPT)
+def test_k_micro_batches_equal_one_big_batch(make_script_job):
+    root = make_script_job("accumulate.py", {"processes_per_host": 2}, ACCUMULATION_SCRIPT)
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads((root / "output" / "data" / "accumulation.json").read_text())
@@ -136,10 +134,8 @@ if distributed.is_leader():
 '''
 
 
-def test_diverged_weights_fail_loudly(make_job):
-    root = make_job({"sagemaker_program": "diverge.py", "processes_per_host": 2})
-    (root / "code").mkdir()
-    (root / "code" / "diverge.py").write_text(
+def test_diverged_weights_fail_loudly(make_script_job):
+    root = make_script_job("diverge.py", {"processes_per_host": 2},
         "import tensorflow as tf\n"
         "from train import distributed\n"
         "from train.trainer import verify_identical_weights\n"
@@ -156,10 +152,8 @@ def test_diverged_weights_fail_loudly(make_job):
     assert failure.startswith("rank ") and "(exit code" in failure
 
 
-def test_a_failing_rank_stops_the_job_within_seconds(make_job):
-    root = make_job({"sagemaker_program": "fail.py", "processes_per_host": 2})
-    (root / "code").mkdir()
-    (root / "code" / "fail.py").write_text(
+def test_a_failing_rank_stops_the_job_within_seconds(make_script_job):
+    root = make_script_job("fail.py", {"processes_per_host": 2},
         "import time\n"
         "from mpi4py import MPI\n"
         "comm = MPI.COMM_WORLD\n"
@@ -178,9 +172,8 @@ def test_a_failing_rank_stops_the_job_within_seconds(make_job):
 
 def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
     root = make_job({"sagemaker_program": "\"probe.py\"", "processes_per_host": 2, "epochs": "3",
-                     "optimizer": "\"adam\"", "sagemaker_region": "\"us-east-1\""},
-                    hosts=["algo-1"], current="algo-1")
-    (root / "code").mkdir()
+                     "optimizer": "\"adam\"", "sagemaker_region": "\"us-east-1\""})
+    (root / "code").mkdir()  # the program name arrives JSON-quoted, as framework estimators send it
     (root / "code" / "probe.py").write_text(
         "import json, os, sys\n"
         "from mpi4py import MPI\n"
@@ -198,22 +191,18 @@ def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
         assert json.loads(seen["SM_HPS"]) == {"epochs": 3, "optimizer": "adam"}
 
 
-def test_example_user_script_trains(make_job):
-    root = make_job({"sagemaker_program": "keras_script.py", "processes_per_host": 2,
-                     "epochs": 2})
-    (root / "code").mkdir()
-    example = (TRAIN.parent.parent.parent / "train" / "examples" / "keras_script.py")
-    (root / "code" / "keras_script.py").write_text(example.read_text())
+def test_example_user_script_trains(make_script_job):
+    example = ROOT / "train" / "examples" / "keras_script.py"
+    root = make_script_job("keras_script.py", {"processes_per_host": 2, "epochs": 2},
+                           example.read_text())
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     assert (root / "model" / "model" / "saved_model.pb").exists()
     assert len(json.loads((root / "output" / "data" / "history.json").read_text())["loss"]) == 2
 
 
-def test_a_rank_killed_by_a_signal_is_named_with_the_likely_cause(make_job):
-    root = make_job({"sagemaker_program": "oom.py", "processes_per_host": 2})
-    (root / "code").mkdir()
-    (root / "code" / "oom.py").write_text(
+def test_a_rank_killed_by_a_signal_is_named_with_the_likely_cause(make_script_job):
+    root = make_script_job("oom.py", {"processes_per_host": 2},
         "import os, signal, time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
         "if MPI.COMM_WORLD.rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does\n"
         "time.sleep(60)\n")

@@ -29,18 +29,13 @@ json.dump({"host": os.environ["SM_CURRENT_HOST"], "ssh": os.environ.get("SSH_CON
 
 
 @pytest.fixture
-def cluster(make_job):
+def cluster(make_job, make_script_job):
     def make(hyperparameters, program=None, source=None):
-        ports = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
-                 "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1}
-        roots = {}
-        for host in HOSTS:
-            values = {**ports, **hyperparameters, **({"sagemaker_program": program} if program else {})}
-            roots[host] = make_job(values, hosts=HOSTS, current=host)
-            if program:
-                (roots[host] / "code").mkdir()
-                (roots[host] / "code" / program).write_text(source)
-        return roots
+        values = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
+                  "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
+                  **hyperparameters}
+        return {host: make_script_job(program, values, source, hosts=HOSTS, current=host)
+                if program else make_job(values, hosts=HOSTS, current=host) for host in HOSTS}
     return make
 
 

@@ -41,10 +41,8 @@ def run_as_pid1(root, *env):
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_orphans_are_reaped_and_the_exit_code_passes_through(make_job):
-    root = make_job({"sagemaker_program": "orphans.py", "processes_per_host": 1})
-    (root / "code").mkdir()
-    (root / "code" / "orphans.py").write_text(ORPHANS)
+def test_orphans_are_reaped_and_the_exit_code_passes_through(make_script_job):
+    root = make_script_job("orphans.py", {"processes_per_host": 1}, ORPHANS)
     result = run_as_pid1(root)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ZOMBIES 0 []" in result.stdout, result.stdout
