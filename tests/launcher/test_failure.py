@@ -1,0 +1,76 @@
+"""Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
+
+from container.failure import FAILURE_LIMIT, OutputLog, summarize, write_failure
+from container.paths import MlPaths
+
+HOSTS = ["algo-1", "algo-2"]
+
+
+def host_of(rank):
+    return HOSTS[rank // 2]
+
+
+def log_of(text):
+    log = OutputLog()
+    for line in text.splitlines():
+        log.add(line)
+    return log
+
+
+def test_the_rank_marker_wins_and_gets_the_exit_code_of_that_rank():
+    log = log_of("""[1,3]<stderr>:Traceback (most recent call last):
+[1,3]<stderr>:ValueError: bad row
+[1,3]<stderr>:TRAIN-FAILURE rank=3 host=algo-2: ValueError: bad row
+--------------------------------------------------------------------------
+MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD
+with errorcode 5.
+""")
+    assert summarize(log, 1, host_of) == "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row"
+
+
+def test_lost_daemon_names_the_host():
+    log = log_of("""--------------------------------------------------------------------------
+ORTE has lost communication with a remote daemon.
+
+  HNP daemon   : [[4470,0],0] on node algo-1
+  Remote daemon: [[4470,0],1] on node algo-2
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+""")
+    assert summarize(log, 1, host_of).startswith("lost contact with host algo-2")
+
+
+def test_nonzero_exit_without_marker_quotes_the_last_error_line_of_that_rank():
+    log = log_of("""[1,2]<stderr>:Warning: something harmless
+[1,2]<stderr>:RuntimeError: CUDA out of memory
+[1,2]<stderr>:  see above
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[22869,1],2]
+  Exit code:    7
+""")
+    assert summarize(log, 7, host_of) == \
+        "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory"
+
+
+def test_ssh_failures_name_the_host():
+    log = log_of("ssh: Could not resolve hostname algo-9: Name or service not known\n"
+                 "ORTE was unable to reliably start one or more daemons.\n")
+    assert summarize(log, 1, host_of).startswith("mpirun could not start ranks on host algo-9")
+
+
+def test_anything_else_quotes_the_last_line():
+    assert summarize(log_of("some output\nmpirun: the end\n\n"), 9, host_of) == \
+        "mpirun exited with code 9; last output: mpirun: the end"
+
+
+def test_failure_file_is_cut_to_what_sagemaker_shows(tmp_path):
+    paths = MlPaths(tmp_path)
+    write_failure(paths, "é" * 2000)
+    text = paths.failure_file.read_text()
+    assert len(text.encode()) <= FAILURE_LIMIT and text == "é" * 512
+    assert not list(paths.output_dir.glob("*.tmp"))
