@@ -197,6 +197,8 @@ def measure_server(name: str, command: list[str], env: dict[str, str], port: int
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until_healthy(port, process)
+        # Every worker answers before measuring: the baseline loads its model on first use.
+        load_test(name, port, rows, 8, 0, args.warmup + 2)
         results = []
         for concurrency in CONCURRENCIES:
             results.append(load_test(name, port, rows, concurrency, args.warmup, args.duration))
@@ -289,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     from sklearn.datasets import load_digits
 
     rows = load_digits().data[:max(CONCURRENCIES)]
-    print(f"{os.cpu_count()} CPUs; model {model_dir}; {args.duration:g} s per cell\n{HEADER}")
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes "
+          f"skew every number); model {model_dir}; {args.duration:g} s per cell\n{HEADER}")
     serve_port, baseline_port = free_port(), free_port()
     serve = [str(Path(sys.executable).parent / "serve"), "--ml-root", str(args.ml_root)]
     results = measure_server(SERVE, serve,
@@ -301,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
                               rows, args)
     results += measure_in_process(model_dir, rows, args.duration)
     report(results)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
