@@ -13,6 +13,8 @@ import numpy as np
 from serve.errors import BadInput
 from serve.metadata import ModelMetadata
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def _expected(metadata: ModelMetadata) -> str:
     shape = list(metadata.input_shape)
@@ -31,12 +33,10 @@ def validate(instances: np.ndarray, metadata: ModelMetadata) -> np.ndarray:
     if shape != metadata.input_shape and shape != (metadata.input_size,):
         raise BadInput(f"each instance has shape {list(shape)}, but the model expects "
                        f"{_expected(metadata)}")
-    with np.errstate(over="ignore"):  # values beyond float32 become inf, reported just below
-        batch = instances.astype(np.float32, copy=False)
-    batch = batch.reshape((len(instances), *metadata.input_shape))
-    finite = np.isfinite(batch)
-    if not finite.all():
-        index, *position = np.argwhere(~finite)[0].tolist()
+    instances = instances.reshape((len(instances), *metadata.input_shape))
+    representable = np.isfinite(instances) & (np.abs(instances) <= FLOAT32_MAX)
+    if not representable.all():
+        index, *position = np.argwhere(~representable)[0].tolist()
         raise BadInput(f"instance {index} has a value at position {position} that is NaN, "
                        "infinite or beyond the float32 range")
-    return batch
+    return instances.astype(np.float32, copy=False)
