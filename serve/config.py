@@ -12,7 +12,7 @@ allowed range, instead of surfacing later as odd behaviour.
 | SAGEMAKER_MODEL_SERVER_WORKERS    | 1       | gunicorn worker processes (one model each)     |
 | SAGEMAKER_MODEL_SERVER_TIMEOUT    | 60      | seconds a request may wait for its prediction  |
 | SAGEMAKER_MAX_PAYLOAD_IN_MB       | 6       | largest request body; 0 = no limit             |
-| SAGEMAKER_MAX_CONCURRENT_TRANSFORMS | workers x threads | advertised to batch transform |
+| SAGEMAKER_MAX_CONCURRENT_TRANSFORMS | 8 per worker | advertised to batch transform  |
 | SERVE_THREADS                     | 64      | request threads per worker                     |
 | SERVE_MAX_BATCH_SIZE              | 128     | most instances in one model call               |
 | SERVE_MAX_BATCH_WAIT_MS           | 1.0     | how long a model call waits for more requests  |
@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
 T = TypeVar("T", int, float)
+
+# Batch transform's default concurrency per worker. Enough requests in flight to keep the model
+# busy while others are decoded, and no more: a worker decodes with one interpreter lock, so
+# more would not be faster, and each 6 MB CSV request needs about 100 MB while it is parsed.
+TRANSFORMS_PER_WORKER = 8
 
 
 class ServeConfigError(ValueError):
@@ -43,7 +48,7 @@ class ServeConfig:
     threads: int = 64
     timeout_s: int = 60
     max_payload_mb: int = 6
-    max_concurrent_transforms: int = 0  # 0 = workers x threads: every request gets a thread
+    max_concurrent_transforms: int = 0  # 0: TRANSFORMS_PER_WORKER per worker
     max_batch_size: int = 128
     max_batch_wait_ms: float = 1.0
 
@@ -69,8 +74,9 @@ class ServeConfig:
 
     @property
     def concurrent_transforms(self) -> int:
-        """What batch transform is told it may send at once: what the server can hold."""
-        return self.max_concurrent_transforms or self.workers * self.threads
+        """What batch transform is told it may send at once (see TRANSFORMS_PER_WORKER)."""
+        return self.max_concurrent_transforms or self.workers * min(self.threads,
+                                                                    TRANSFORMS_PER_WORKER)
 
 
 def _check(name: str, value: float, minimum: float, maximum: float) -> None:

@@ -275,7 +275,7 @@ def test_ping_and_execution_parameters(client, config):
     ping = client.get("/ping")
     assert (ping.status_code, ping.get_data()) == (200, b"")
     parameters = client.get("/execution-parameters")
-    assert parameters.get_json() == {"MaxConcurrentTransforms": config.workers * config.threads,
+    assert parameters.get_json() == {"MaxConcurrentTransforms": 8,
                                      "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 1}
 
 

@@ -19,7 +19,7 @@ def test_defaults_suit_sagemaker_and_tensorflow():
                                  max_batch_size=128, max_batch_wait_ms=1.0)
     assert config.model_dir == Path("/opt/ml/model")
     assert config.max_payload_bytes == 6 * 1024 * 1024
-    assert config.concurrent_transforms == 64
+    assert config.concurrent_transforms == 8
 
 
 def test_every_setting_comes_from_its_variable():

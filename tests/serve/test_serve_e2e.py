@@ -243,7 +243,7 @@ def test_fuzzed_http_requests_never_make_the_server_fail(server, method, path, h
 
 def test_execution_parameters_match_what_is_accepted(server):
     assert server.answer("GET", "/execution-parameters").json() == {
-        "MaxConcurrentTransforms": 64, "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
+        "MaxConcurrentTransforms": 8, "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
     too_big = server.answer("POST", "/invocations", data=b"1" * (6 * 1024 * 1024 + 1),
                             headers={"Content-Type": "text/csv"})
     assert too_big.status_code == 413
