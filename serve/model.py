@@ -61,6 +61,10 @@ class Model:
                                  "metadata.json model_path does not exist")
         import tensorflow as tf  # here, not at the top: see the module docstring
 
+        # TensorFlow takes all of a GPU's memory by default, which would leave nothing for a
+        # second worker (SAGEMAKER_MODEL_SERVER_WORKERS > 1) on the same GPU.
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
         try:
             keras_model = tf.keras.models.load_model(str(metadata.model_path), compile=False)
         except (OSError, ValueError, ImportError, tf.errors.OpError) as error:
