@@ -4,8 +4,9 @@
 #      multi-host jobs), cmake and a C++ compiler (Horovod builds from source). Installed
 #      when missing and running as root; otherwise the exact apt-get line is printed.
 #   2. A project virtualenv (.venv) with the pinned stack from requirements.txt and the lock
-#      constraints.txt, then Horovod 0.28.1 built from source into a cached wheel
-#      (.cache/wheels), so a rebuilt venv reinstalls it in seconds.
+#      constraints.txt, then Horovod 0.28.1 built from source into a wheel cached per user
+#      (~/.cache/sagemaker-horovod-byoc/wheels), so a rebuilt venv or another clone on the
+#      same machine reinstalls it in seconds instead of compiling for minutes.
 # A stamp file records the hash of the inputs; when it matches, nothing is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}
 HOROVOD_VERSION=0.28.1
-WHEELS=.cache/wheels
+WHEELS=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sagemaker-horovod-byoc/wheels}
 APT_PACKAGES=(openmpi-bin libopenmpi-dev openssh-server openssh-client cmake g++ make)
 
 missing_packages() {
