@@ -5,12 +5,12 @@ the body stops making sense ("instance 3 (line 4), value 2: 'abc' is not a numbe
 that array fits the model is `serve.validation`'s business. Instances are numbered from 0 in
 request order; in CSV and JSON Lines instance i is on line i + 1.
 
-| media type            | request body                                      | response body   |
-| --------------------- | ------------------------------------------------- | --------------- |
-| application/json      | {"instances": [...]}, {"inputs": [...]}, or [...] | {"predictions": [...]} |
-| text/csv              | one instance per line, no header                  | one line each   |
-| application/jsonlines | one JSON array per line                           | one object each |
-| application/x-npy     | an .npy array (never unpickled)                   | the outputs     |
+| media type            | request body                                 | response body          |
+| --------------------- | -------------------------------------------- | ---------------------- |
+| application/json      | {"instances": [...]}, {"inputs": [...]}, [...] | {"predictions": [...]} |
+| text/csv              | one instance per line, no header             | one line each          |
+| application/jsonlines | one JSON array per line                      | one object each        |
+| application/x-npy     | an .npy array (never unpickled)              | the outputs            |
 
 A classifier's prediction is `{"class": label, "probabilities": [...]}` in JSON and JSON Lines
 and `label,p0,p1,...` in CSV; other models' outputs are returned as they are. An .npy
