@@ -91,7 +91,7 @@ sagemaker-transform: setup
 	$(SAGEMAKER_TOOL) transform $(ARGS)
 
 # --- inference server (issue 3) ---------------------------------------------------------
-# See serve/README_SECTION.md. The benchmark trains the default job into build/bench-serve
+# See "Serving the model" in README.md. The benchmark trains the default job into build/bench-serve
 # first when no model is there.
 .PHONY: test-serve bench-serve
 
