@@ -1,0 +1,5 @@
+import sys
+
+from scripts.bench.runner import main
+
+sys.exit(main())

@@ -1,0 +1,198 @@
+"""Synthetic SageMaker jobs for the trainer benchmarks, and running the real `train` on them.
+
+The data is a learnable synthetic classification set (Gaussian features, the label is the
+argmax of a fixed random linear map), big enough that an epoch lasts seconds, written as
+channel files the way a user would upload them (NPZ by default, CSV for the reader
+benchmark). Runs go through the real launcher (`train --ml-root`): mpirun, Horovod, the
+built-in trainer. While a job runs, every rank's peak RSS (the kernel's VmHWM) is sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from scripts.bench.launch import TRAIN, log, stop
+
+CLASSES = 10
+METRICS = re.compile(r"METRICS epoch=(\d+) (.*)")
+RANK_PROGRAM = "train.rank_main"  # the rank processes' `-m` module
+
+
+@dataclass(frozen=True)
+class DataShape:
+    samples: int
+    features: int
+    classes: int = CLASSES
+
+
+def synthetic(shape: DataShape, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((shape.samples, shape.features), dtype=np.float32)
+    mixing = np.random.default_rng(1).standard_normal((shape.features, shape.classes))
+    return x, (x @ mixing).argmax(axis=1).astype(np.int64)
+
+
+def write_npz(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.npz") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / name, x=x, y=y)
+    return folder / name
+
+
+def write_csv(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.csv") -> Path:
+    """Label first, no header: the format SageMaker's built-in algorithms read."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    np.savetxt(path, np.column_stack([y, x]), delimiter=",", fmt="%.6g")
+    return path
+
+
+def write_job(root: Path, hyperparameters: Mapping[str, str | int | float],
+              data: tuple[np.ndarray, np.ndarray], *, hosts: Sequence[str] = ("algo-1",),
+              current_host: str = "algo-1") -> Path:
+    """An /opt/ml-like tree with a `train` channel only (no validation: epochs time training)."""
+    config = root / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": current_host, "hosts": list(hosts), "network_interface_name": "lo"}))
+    (config / "hyperparameters.json").write_text(
+        json.dumps({k: str(v) for k, v in hyperparameters.items()}))
+    (config / "inputdataconfig.json").write_text(json.dumps(
+        {"train": {"ContentType": "application/x-npz", "TrainingInputMode": "File",
+                   "S3DistributionType": "FullyReplicated"}}))
+    write_npz(root / "input" / "data" / "train", *data)
+    return root
+
+
+def parse_metrics(output: str) -> list[dict[str, float]]:
+    """The trainer's `METRICS epoch=N key=value ...` lines, in order."""
+    epochs = []
+    for match in METRICS.finditer(output):
+        values = {"epoch": float(match.group(1))}
+        for pair in match.group(2).split():
+            key, _, value = pair.partition("=")
+            values[key] = float(value)
+        epochs.append(values)
+    return epochs
+
+
+def peak_rss(pid: int) -> int | None:
+    """The kernel's high-water mark of a process's resident memory, in bytes."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class PeakMemory:
+    """Samples the VmHWM of every descendant of `pid` whose command line has the word
+    `marker` (every descendant when it is None), leaving mpirun itself out."""
+
+    def __init__(self, pid: int, marker: str | None, interval: float = 0.2):
+        self.pid, self.marker, self.interval = pid, marker, interval
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> None:
+        for pid in _descendants(self.pid):
+            argv = _cmdline(pid).split()
+            if argv and (self.marker is None or self.marker in argv) \
+                    and "mpirun" not in argv[0]:
+                peak = peak_rss(pid)
+                if peak:
+                    self.peaks[pid] = max(self.peaks.get(pid, 0), peak)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+
+@dataclass
+class TrainRun:
+    """What one `train` run printed and measured."""
+
+    seconds: float
+    epochs: list[dict[str, float]]
+    rank_peak_rss: list[int] = field(default_factory=list)
+    output: str = ""
+
+    def steady_samples_per_sec(self) -> list[float]:
+        """Per-epoch throughput without the first epoch (it includes tf.function tracing)."""
+        values = [e["samples_per_sec"] for e in self.epochs if "samples_per_sec" in e]
+        return values[1:] if len(values) > 1 else values
+
+
+def run_train(root: Path, *, timeout: float, what: str,
+              env: Mapping[str, str] | None = None) -> TrainRun:
+    """`train --ml-root ROOT` to the end; RuntimeError with the failure file when it fails."""
+    argv = [str(TRAIN), "--ml-root", str(root)]
+    log(f"{what}: {' '.join(argv)}")
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                               **(env or {})})
+    with PeakMemory(process.pid, RANK_PROGRAM) as memory:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(process, grace=10)
+            raise RuntimeError(f"{what}: train did not finish within {timeout:.0f} s") from None
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        failure = root / "output" / "failure"
+        reason = failure.read_text() if failure.exists() else output[-3000:]
+        raise RuntimeError(f"{what}: train failed with exit code {process.returncode}: "
+                           f"{reason}")
+    epochs = parse_metrics(output)
+    if not epochs:
+        raise RuntimeError(f"{what}: train printed no METRICS line:\n{output[-3000:]}")
+    return TrainRun(seconds, epochs, sorted(memory.peaks.values()), output)
