@@ -26,12 +26,18 @@ ARG BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-runtime-ubuntu22.04
 ARG PYTHON=python3.11
 # Must match HOROVOD_VERSION in scripts/setup.sh (a test checks it).
 ARG HOROVOD_VERSION=0.28.1
+# 1 = reuse the Horovod wheel scripts/setup.sh compiled on this Debian 12 / Python 3.11 host
+# for the CPU variant instead of compiling it again: scripts/build_image.sh copies it into
+# build/context-wheels/ and sets this for CPU builds from the local Debian base. GPU builds
+# always compile (NCCL).
+ARG HOROVOD_PREBUILT=0
 
 # ---------------------------------------------------------------------------------------------
 FROM ${BUILD_BASE_IMAGE} AS wheels
 ARG VARIANT
 ARG PYTHON
 ARG HOROVOD_VERSION
+ARG HOROVOD_PREBUILT
 ARG DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -51,7 +57,8 @@ RUN "${PYTHON}" -m venv /opt/venv \
  && pip install --no-cache-dir "pip<25" "setuptools<81" wheel
 
 WORKDIR /wheels
-COPY requirements.txt constraints.txt ./
+# The host's Horovod wheel comes along when the context has one (used only as said above).
+COPY requirements.txt constraints.txt build/context-wheels/horovod-*.whl ./
 # image-requirements.txt = requirements.txt minus test-only tools, TensorFlow by variant.
 RUN case "${VARIANT}" in \
       cpu) tensorflow='tensorflow-cpu' ;; \
@@ -66,7 +73,12 @@ RUN case "${VARIANT}" in \
 
 # Horovod against the very TensorFlow wheel the runtime installs (FACTS.md: Debian's cmake,
 # no build isolation). The GPU variant builds the NCCL operations on the CUDA -devel base.
-RUN pip install --no-cache-dir --no-index --find-links /wheels -c constraints.txt \
+RUN if [ "${HOROVOD_PREBUILT}" = 1 ] && [ "${VARIANT}" = cpu ] \
+      && [ -n "$(find . -maxdepth 1 -name "horovod-${HOROVOD_VERSION}-cp311-*.whl")" ]; then \
+      echo "using the prebuilt $(echo horovod-*.whl)"; exit 0; \
+    fi \
+ && rm -f horovod-*.whl \
+ && pip install --no-cache-dir --no-index --find-links /wheels -c constraints.txt \
       "$(grep -E '^tensorflow' image-requirements.txt)" \
  && if [ "${VARIANT}" = gpu ]; then \
       export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda \

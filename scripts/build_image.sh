@@ -9,6 +9,8 @@
 #                     scripts/make_base_image.sh, since no registry can be pulled from here);
 #                     BASE_IMAGE=debian:bookworm-slim works where a registry is reachable.
 #   BUILD_ARGS        extra arguments for `ENGINE build`
+#   HOROVOD_PREBUILT  cpu from the local base: 1 (default when scripts/setup.sh cached one in
+#                     .cache/wheels) reuses the host's Horovod wheel; 0 compiles it in the build
 # Prints the image name on the last line of stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +26,20 @@ esac
 IMAGE=${IMAGE:-sagemaker-horovod:$VARIANT}
 
 args=(--build-arg "VARIANT=$VARIANT" -t "$IMAGE" -f Dockerfile)
+# Where scripts/setup.sh caches its Horovod wheel (its WHEELS; a test keeps the two equal), and
+# the folder of the build context the Dockerfile picks a prebuilt wheel up from.
+HOST_WHEELS=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sagemaker-horovod-byoc/wheels}
+CONTEXT_WHEELS=build/context-wheels
+rm -rf "$CONTEXT_WHEELS" && mkdir -p "$CONTEXT_WHEELS"
 if [ "$VARIANT" = cpu ] && [ -z "${BASE_IMAGE:-}" ]; then
   BASE_IMAGE=${LOCAL_BASE_IMAGE:-localhost/sagemaker-byoc-base:bookworm}
   scripts/make_base_image.sh "$BASE_IMAGE" >&2
+  # The local base is this host's Debian 12 with Python 3.11 and Debian's OpenMPI, so the
+  # Horovod wheel scripts/setup.sh compiled here (same pins) fits it: no second compile.
+  if compgen -G "$HOST_WHEELS/horovod-*-cp311-*.whl" >/dev/null; then
+    cp "$HOST_WHEELS"/horovod-*-cp311-*.whl "$CONTEXT_WHEELS/"
+    args+=(--build-arg HOROVOD_PREBUILT="${HOROVOD_PREBUILT:-1}")
+  fi
 fi
 if [ -n "${BASE_IMAGE:-}" ]; then
   args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "BUILD_BASE_IMAGE=${BUILD_BASE_IMAGE:-$BASE_IMAGE}")

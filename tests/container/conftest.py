@@ -88,11 +88,11 @@ def sweep_leftovers(engine):
     yield
     ids = engine.run("ps", "-a", "-q", "--filter", f"name={PREFIX}-", check=False).stdout.split()
     if ids:
-        engine.run("rm", "-f", "-t", "1", *ids, check=False)
+        engine.run("rm", "-f", *ids, check=False)
     networks = engine.run("network", "ls", "--format", "{{.Name}}", check=False).stdout.split()
     ours = [n for n in networks if n.startswith(PREFIX)]
     if ours:
-        engine.run("network", "rm", "-f", *ours, check=False)
+        engine.run("network", "rm", *ours, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,13 @@ def test_horovod_version_matches_the_host_setup():
     assert dockerfile == setup
 
 
+def test_prebuilt_wheel_is_looked_for_where_setup_caches_it():
+    setup = re.search(r"^WHEELS=(\S+)$", (REPO / "scripts" / "setup.sh").read_text(), re.M)
+    build = re.search(r"^HOST_WHEELS=(\S+)$",
+                      (REPO / "scripts" / "build_image.sh").read_text(), re.M)
+    assert setup and build and setup.group(1) == build.group(1)
+
+
 def test_image_metadata(engine, image):
     config = inspect(engine, image)["Config"]
     assert config["Labels"]["com.amazonaws.sagemaker.capabilities.accept-bind-to-port"] == "true"
