@@ -16,7 +16,7 @@ from container.errors import PlatformError
 
 
 def poll_until(check: Callable[[str], bool], items: Iterable[str], timeout: float,
-               what: str) -> None:
+               what: str, name: Callable[[str], str] = str) -> None:
     """Call `check(item)` for every item until all pass; PlatformError naming the rest."""
     pending = list(items)
     deadline = time.monotonic() + timeout
@@ -26,7 +26,7 @@ def poll_until(check: Callable[[str], bool], items: Iterable[str], timeout: floa
         if not pending:
             return
         if time.monotonic() >= deadline:
-            raise PlatformError(f"{what} within {timeout:g} s: {', '.join(pending)}")
+            raise PlatformError(f"{what} within {timeout:g} s: {', '.join(map(name, pending))}")
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 1.0)
 
@@ -56,8 +56,9 @@ def ssh_banner(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def wait_resolvable(hosts: Iterable[str], timeout: float) -> None:
-    poll_until(resolves, hosts, timeout, "these host names did not resolve")
+def wait_resolvable(hosts: Iterable[str], leader: str, timeout: float) -> None:
+    poll_until(resolves, hosts, timeout, "these host names did not resolve",
+               lambda host: f"{host} (the leader)" if host == leader else host)
 
 
 def wait_sshd(hosts: Iterable[str], port: int, timeout: float) -> None:

@@ -134,7 +134,7 @@ def execute(plan: LaunchPlan, runtime: Path) -> Outcome:
     if not cluster.multi_host:
         return run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
                           host_of_rank=cluster.host_of_rank)
-    network.wait_resolvable(cluster.hosts, plan.launch.host_timeout)
+    network.wait_resolvable(cluster.hosts, cluster.leader, plan.launch.host_timeout)
     files = sshd.make_runtime(runtime)
     return run_leader(plan, files) if cluster.is_leader else run_worker(plan, files)
 

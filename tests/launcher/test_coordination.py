@@ -102,3 +102,11 @@ def test_port_in_use_is_a_clear_error():
     with socket.create_server(("", 0)) as taken:
         with pytest.raises(PlatformError, match="cannot listen on coordinator port"):
             Leader(taken.getsockname()[1], ["algo-2"], "key")
+
+
+def test_unresolvable_hosts_are_named_and_the_leader_marked():
+    from container.network import wait_resolvable
+
+    with pytest.raises(PlatformError, match=r"these host names did not resolve within 1 s: "
+                                            r"algo-1\.invalid \(the leader\), algo-3\.invalid"):
+        wait_resolvable(["algo-1.invalid", "localhost", "algo-3.invalid"], "algo-1.invalid", 1)
