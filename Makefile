@@ -26,7 +26,7 @@ test-unit: setup
 # --- container image, local clusters, push (issue 4) ------------------------------------
 # Docker when a daemon answers, else podman with the project's scripts/containers.conf
 # (scripts/engine.sh; CONTAINER_ENGINE=docker|podman overrides). VARIANT=gpu|cpu (default:
-# gpu when nvidia-smi sees a GPU, else cpu). See scripts/README_CONTAINER.md.
+# gpu when nvidia-smi sees a GPU, else cpu). See "The container image" in README.md.
 .PHONY: container-setup base-image build test-container local-train local-serve push
 HOSTS ?= 2
 LOCAL_EPOCHS ?= 5
