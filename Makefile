@@ -102,3 +102,20 @@ test-serve: setup
 ## Requests/s and p50/p99 of serve vs the classic BYOC baseline vs in-process predict.
 bench-serve: setup
 	$(PY) scripts/bench_serve.py
+
+# --- training performance benchmarks (issue 6) ------------------------------------------
+# One table (metric, this project, reference, ratio, target, met) on stdout; the full results
+# in results/bench-<date>.json and results/bench-latest.{json,md}. Under 10 minutes on 2 cores.
+# Item 4 runs on the local compose cluster when BENCH_IMAGE exists (make build), else on two
+# launchers on 127.0.0.1/127.0.0.2; the table names which. See scripts/bench/runner.py.
+.PHONY: bench bench-tiny
+BENCH_IMAGE ?= localhost/sagemaker-horovod:cpu
+BENCH_ARGS ?=
+
+## Allreduce busbw, trainer scaling, accumulation, cluster overhead, input, peak RSS.
+bench: setup
+	$(PY) -m scripts.bench --image $(BENCH_IMAGE) $(BENCH_ARGS)
+
+## The same at a tiny size (about a minute idle): checks that every benchmark runs.
+bench-tiny: setup
+	$(PY) -m scripts.bench --tiny --image $(BENCH_IMAGE) $(BENCH_ARGS)

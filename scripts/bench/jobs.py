@@ -9,6 +9,7 @@ built-in trainer. While a job runs, every rank's peak RSS (the kernel's VmHWM) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -171,28 +172,40 @@ class TrainRun:
         return values[1:] if len(values) > 1 else values
 
 
-def run_train(root: Path, *, timeout: float, what: str,
-              env: Mapping[str, str] | None = None) -> TrainRun:
-    """`train --ml-root ROOT` to the end; RuntimeError with the failure file when it fails."""
-    argv = [str(TRAIN), "--ml-root", str(root)]
-    log(f"{what}: {' '.join(argv)}")
+def run_trains(roots: Sequence[Path], *, timeout: float, what: str) -> list[TrainRun]:
+    """`train --ml-root ROOT` for every root at once, to the end; RuntimeError naming the
+    failed job with its failure file when one fails."""
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                               **(env or {})})
-    with PeakMemory(process.pid, RANK_PROGRAM) as memory:
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop(process, grace=10)
-            raise RuntimeError(f"{what}: train did not finish within {timeout:.0f} s") from None
-    seconds = time.perf_counter() - started
-    if process.returncode != 0:
-        failure = root / "output" / "failure"
-        reason = failure.read_text() if failure.exists() else output[-3000:]
-        raise RuntimeError(f"{what}: train failed with exit code {process.returncode}: "
-                           f"{reason}")
-    epochs = parse_metrics(output)
-    if not epochs:
-        raise RuntimeError(f"{what}: train printed no METRICS line:\n{output[-3000:]}")
-    return TrainRun(seconds, epochs, sorted(memory.peaks.values()), output)
+    deadline = time.monotonic() + timeout
+    processes, runs = [], []
+    with contextlib.ExitStack() as stack:
+        for root in roots:
+            argv = [str(TRAIN), "--ml-root", str(root)]
+            log(f"{what}: {' '.join(argv)}")
+            output = stack.enter_context(open(root / "train.log", "w"))  # a full pipe blocks
+            process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stack.callback(stop, process, 10)
+            processes.append((root, process, stack.enter_context(
+                PeakMemory(process.pid, RANK_PROGRAM))))
+        for root, process, memory in processes:
+            try:
+                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{what}: train did not finish within {timeout:.0f} s; "
+                                   f"see {root / 'train.log'}") from None
+            runs.append((root, process, time.perf_counter() - started, memory.peaks))
+    results = []
+    for root, process, seconds, peaks in runs:
+        text = (root / "train.log").read_text()
+        if process.returncode != 0:
+            failure = root / "output" / "failure"
+            reason = failure.read_text() if failure.exists() else text[-3000:]
+            raise RuntimeError(f"{what}: train --ml-root {root} failed with exit code "
+                               f"{process.returncode}: {reason}")
+        epochs = parse_metrics(text)
+        if not epochs:
+            raise RuntimeError(f"{what}: train printed no METRICS line:\n{text[-3000:]}")
+        results.append(TrainRun(seconds, epochs, sorted(peaks.values()), text))
+    return results
+

@@ -149,12 +149,12 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
     items = Items(config)
     trainer: dict = {"consumption": [], "rank_peaks": [], "model_root": None}
 
-    def scaling() -> Measurement:
-        row, one, two = training.scaling(sizes, workdir / "scaling", extra)
+    def scaling() -> list[Measurement]:
+        rows, one, two = training.scaling(sizes, workdir / "scaling", extra)
         trainer["consumption"] += [one.throughput(), two.throughput()]
-        trainer["rank_peaks"] = [peak for run_ in two.runs for peak in run_.rank_peak_rss]
-        trainer["model_root"] = workdir / "scaling" / "1rank-0"
-        return row
+        trainer["rank_peaks"] = two.rank_peaks()
+        trainer["model_root"] = workdir / "scaling" / "1rank-0" / "job0"
+        return rows
 
     def accumulation() -> Measurement:
         row, whole = training.accumulation(sizes, workdir / "accumulation", extra)

@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.bench.jobs import DataShape, TrainRun, run_train, synthetic, write_job
+from scripts.bench.jobs import DataShape, TrainRun, run_trains, synthetic, write_job
 from scripts.bench.results import Measurement, Target, median
 from scripts.bench.sizes import Sizes
 
@@ -40,23 +40,33 @@ def hyperparameters(sizes: Sizes, *, ranks: int, per_device_batch: int,
 
 @dataclass
 class Configuration:
+    """One way to run the trainer; `copies` independent jobs at once count as one run whose
+    throughput is their sum (what the machine gives that many processes right now)."""
+
     name: str
     hyperparameters: dict[str, str]
-    runs: list[TrainRun] = field(default_factory=list)
+    copies: int = 1
+    runs: list[list[TrainRun]] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
 
     def run_throughputs(self) -> list[float]:
-        return [median(run.steady_samples_per_sec()) for run in self.runs]
+        return [sum(median(run.steady_samples_per_sec()) for run in group)
+                for group in self.runs]
 
     def throughput(self) -> float | None:
         return median(self.run_throughputs())
 
+    def rank_peaks(self) -> list[int]:
+        return [peak for group in self.runs for run in group for peak in run.rank_peak_rss]
+
     def details(self) -> dict:
-        return {"hyperparameters": self.hyperparameters,
-                "epoch_samples_per_sec": [[e.get("samples_per_sec") for e in run.epochs]
-                                          for run in self.runs],
-                "run_seconds": [round(run.seconds, 1) for run in self.runs],
-                "rank_peak_rss_bytes": [run.rank_peak_rss for run in self.runs],
+        return {"hyperparameters": self.hyperparameters, "copies": self.copies,
+                "epoch_samples_per_sec": [[[e.get("samples_per_sec") for e in run.epochs]
+                                           for run in group] for group in self.runs],
+                "run_seconds": [[round(run.seconds, 1) for run in group]
+                                for group in self.runs],
+                "rank_peak_rss_bytes": [[run.rank_peak_rss for run in group]
+                                        for group in self.runs],
                 "load_average_at_start": self.loads}
 
 
@@ -64,33 +74,46 @@ def run_interleaved(configurations: list[Configuration], sizes: Sizes, workdir: 
     data = synthetic(DataShape(sizes.samples, sizes.features))
     for repeat in range(sizes.repeats):
         for configuration in configurations:
-            root = workdir / f"{configuration.name}-{repeat}"
-            shutil.rmtree(root, ignore_errors=True)
-            write_job(root, configuration.hyperparameters, data)
+            roots = []
+            for copy in range(configuration.copies):
+                root = workdir / f"{configuration.name}-{repeat}" / f"job{copy}"
+                shutil.rmtree(root, ignore_errors=True)
+                roots.append(write_job(root, configuration.hyperparameters, data))
             configuration.loads.append(round(os.getloadavg()[0], 2))
-            configuration.runs.append(run_train(
-                root, timeout=RUN_TIMEOUT, what=f"{configuration.name} (run {repeat + 1})"))
+            configuration.runs.append(run_trains(
+                roots, timeout=RUN_TIMEOUT, what=f"{configuration.name} (run {repeat + 1})"))
 
 
-def scaling(sizes: Sizes, workdir: Path,
-            extra_mpi_options: str = "") -> tuple[Measurement, Configuration, Configuration]:
+def scaling(sizes: Sizes, workdir: Path, extra_mpi_options: str = "",
+            capacity: bool = True) -> tuple[list[Measurement], Configuration, Configuration]:
+    """The scaling row, and with `capacity` a diagnostic row: two independent 1-rank jobs at
+    once, i.e. what two processes get from this machine now. 2 ranks vs that isolates what
+    the ranks lose to each other (communication) from what other work on the machine takes."""
     batch, options = sizes.per_device_batch, f"{ONE_THREAD} {extra_mpi_options}".strip()
-    one = Configuration("1rank", hyperparameters(sizes, ranks=1, per_device_batch=batch,
-                                                 max_device_batch=batch, mpi_options=options))
+    one_rank = hyperparameters(sizes, ranks=1, per_device_batch=batch, max_device_batch=batch,
+                               mpi_options=options)
+    one = Configuration("1rank", one_rank)
     two = Configuration("2ranks", hyperparameters(sizes, ranks=2, per_device_batch=batch,
                                                   max_device_batch=batch, mpi_options=options))
-    run_interleaved([one, two], sizes, workdir)
+    pair = Configuration("2jobs", one_rank, copies=2)
+    run_interleaved([one, two, pair] if capacity else [one, two], sizes, workdir)
     single = one.throughput()
-    measurement = Measurement(
+    model = f"mlp {sizes.features}-{sizes.hidden_units.replace(',', '-')}-10"
+    rows = [Measurement(
         item=2, metric="scaling: 2 ranks x 1 thread, samples/s", unit="samples/s",
         value=two.throughput(), reference=None if single is None else 2 * single,
         reference_name="2 x 1 rank x 1 thread", target=Target("ratio", ">=", 0.9),
-        note=f"mlp {sizes.features}-{sizes.hidden_units.replace(',', '-')}-10, "
-             f"per-device batch {batch}",
-        samples=tuple(two.run_throughputs()),
+        note=f"{model}, per-device batch {batch}", samples=tuple(two.run_throughputs()),
         details={"one_rank": one.details(), "two_ranks": two.details(),
-                 "one_rank_samples_per_sec": one.run_throughputs()})
-    return measurement, one, two
+                 "one_rank_samples_per_sec": one.run_throughputs()})]
+    if capacity:
+        rows.append(Measurement(
+            item=2, metric="scaling diagnostic: 2 ranks vs 2 independent 1-rank jobs",
+            unit="samples/s", value=two.throughput(), reference=pair.throughput(),
+            reference_name="2 jobs x 1 rank, summed",
+            note="the machine's capacity now; ratio = what the ranks lose to each other",
+            samples=tuple(pair.run_throughputs()), details={"pair": pair.details()}))
+    return rows, one, two
 
 
 def accumulation(sizes: Sizes, workdir: Path,

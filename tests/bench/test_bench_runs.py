@@ -1,0 +1,84 @@
+"""`make bench` at its tiny size: every item runs for real (mpirun, the trainer, two launchers,
+the server) and the results are well formed. Numbers are never compared with targets here:
+on a shared machine they say nothing about correctness."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+ITEMS = {1, 2, 3, 4, 5, 6}
+BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when it is busy
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    done = subprocess.run(
+        [sys.executable, "-m", "scripts.bench", "--tiny", "--cluster", "loopback",
+         "--results", str(results), "--workdir", str(tmp_path_factory.mktemp("work"))],
+        cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
+    return done, results
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT + 60)
+def test_every_item_runs_and_the_table_is_printed(tiny_run):
+    done, results = tiny_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    data = json.loads((results / "bench-tiny-latest.json").read_text())
+    rows = data["measurements"]
+    assert {row["item"] for row in rows} == ITEMS
+    assert not [row for row in rows if row["note"].startswith("FAILED")]
+    table = done.stdout.splitlines()
+    assert table[0].split()[:2] == ["#", "metric"]
+    assert len([line for line in table if line[:1].isdigit()]) == len(rows)
+    markdown = (results / "bench-tiny-latest.md").read_text().splitlines()
+    assert len(markdown) == 2 + len(rows)
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT + 60)
+def test_results_are_well_formed(tiny_run):
+    _, results = tiny_run
+    data = json.loads((results / "bench-tiny-latest.json").read_text())
+    assert data["tiny"] is True and data["machine"]["cpus"] >= 1
+    assert set(data["item_seconds"]) == {str(item) for item in ITEMS}
+    for row in data["measurements"]:
+        assert isinstance(row["value"], float) and math.isfinite(row["value"]), row
+        assert row["value"] > 0 or row["metric"].startswith("startup"), row
+        if row["reference"] is not None:
+            assert row["reference"] > 0
+            assert row["ratio"] == pytest.approx(row["value"] / row["reference"])
+        if row["target"] is not None:
+            assert isinstance(row["met"], bool), row
+        assert all(math.isfinite(sample) and sample > 0 for sample in row["samples"]), row
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT + 60)
+def test_each_item_measured_what_it_says(tiny_run):
+    _, results = tiny_run
+    rows = json.loads((results / "bench-tiny-latest.json").read_text())["measurements"]
+    by_item = {item: [row for row in rows if row["item"] == item] for item in ITEMS}
+    allreduce = [row for row in by_item[1] if "busbw" in row["metric"]]
+    assert [row["details"]["bytes"] for row in allreduce] == [4096, 65536]
+    assert all(len(row["details"]["mpi_seconds"]) >= 2 for row in allreduce)
+    scaling, capacity = by_item[2]
+    assert scaling["reference_name"] == "2 x 1 rank x 1 thread"
+    assert len(scaling["details"]["two_ranks"]["rank_peak_rss_bytes"][0][0]) == 2  # 2 ranks
+    assert capacity["details"]["pair"]["copies"] == 2
+    assert capacity["value"] == scaling["value"]
+    accumulation, = by_item[3]
+    assert accumulation["details"]["accumulated"]["hyperparameters"]["max_device_batch_size"] \
+        == "8"
+    startup, teardown = by_item[4]
+    assert startup["details"]["mode"] == "loopback" and "127.0.0.2" in startup["metric"]
+    breakdown = startup["details"]["breakdown_seconds"]
+    assert "first host started -> hosts_ready" in breakdown
+    assert teardown["value"] >= 0
+    assert {row["metric"].split(",")[0] for row in by_item[5]} == \
+        {"channel reader", "tf.data training_input"}
+    rank, serving = by_item[6]
+    assert rank["value"] > 100 and serving["details"]["requests"] == 3  # MB: TF is loaded
