@@ -83,7 +83,7 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: the arrays are empty")
     if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
         raise DataError(f"{path}: x and y must be numeric, got {x.dtype} and {y.dtype}")
-    return x.astype(np.float64), y
+    return x, y  # _checked converts to float32 once (no float64 copy of the whole channel)
 
 
 def _checked(path: Path, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
