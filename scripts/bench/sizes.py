@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scripts.bench.allreduce import KB, MB
+from scripts.bench.allreduce import KB
 
 @dataclass(frozen=True)
 class Sizes:
