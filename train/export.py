@@ -16,6 +16,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from train.plot import history_png
+
 MODEL_FOLDER = "model"
 METADATA = "metadata.json"
 
@@ -40,7 +42,10 @@ def export_model(model: tf.keras.Model, model_dir: Path, metadata: dict) -> Path
     model_dir.mkdir(parents=True, exist_ok=True)
     temporary = model_dir / f".tmp-{MODEL_FOLDER}-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
-    model.save(str(temporary), save_format="tf", include_optimizer=False)
+    # save_traces=False: the layers are rebuilt from their configs on load (every built-in
+    # layer can be), so saving skips re-tracing every layer's call: 1.3-1.8 s -> 0.2-0.3 s at
+    # the end of every job, and the server loads the model 0.5 s sooner (issue 6).
+    model.save(str(temporary), save_format="tf", include_optimizer=False, save_traces=False)
     _replace_dir(temporary, model_dir / MODEL_FOLDER)
     _write_json(model_dir / METADATA, {"format": "keras-savedmodel", "model_path": MODEL_FOLDER,
                                        **metadata})
@@ -50,22 +55,6 @@ def export_model(model: tf.keras.Model, model_dir: Path, metadata: dict) -> Path
 def write_history(history: dict[str, list[float]], output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     _write_json(output_dir / "history.json", history)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = sorted({key.removeprefix("val_") for key in history if key != "lr"})
-    figure, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), squeeze=False)
-    for axis, metric in zip(axes[0], metrics):
-        for key in (metric, f"val_{metric}"):
-            if key in history:
-                axis.plot(range(1, len(history[key]) + 1), history[key], marker="o", label=key)
-        axis.set_xlabel("epoch")
-        axis.set_title(metric)
-        axis.legend()
-    figure.tight_layout()
     temporary = output_dir / ".tmp-history.png"
-    figure.savefig(temporary, format="png")
-    plt.close(figure)
+    temporary.write_bytes(history_png(history))
     os.replace(temporary, output_dir / "history.png")

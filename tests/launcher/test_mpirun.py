@@ -33,7 +33,9 @@ def rank_env(hosts, per_host, gpus=0):
     env = ["-x", "TRAIN_ML_ROOT=/opt/ml", "-x", f"TRAIN_HOSTS={','.join(hosts)}",
            "-x", f"TRAIN_PROCESSES_PER_HOST={per_host}", "-x", "PYTHONUNBUFFERED=1",
            "-x", "TF_CPP_MIN_LOG_LEVEL=1", *STALL, "-x", "PATH=/venv/bin:/usr/bin"]
-    return env + (["-x", "NCCL_DEBUG=WARN"] if gpus else [])
+    return env + (["-x", "NCCL_DEBUG=WARN"] if gpus else
+                  ["-x", "OMPI_MCA_mpi_yield_when_idle=1", "-x", "HOROVOD_CYCLE_TIME=5",
+                   "-x", "TF_ENABLE_ONEDNN_OPTS=1"])
 
 
 def argv(the_job, gpus=0):
