@@ -126,12 +126,15 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONDONTWRITEBYTECODE=1
 
 # The locked stack and Horovod, offline from the wheelhouse of the build stage (pip/setuptools
-# bounded as above, the rest pinned by the lock, which DL3013 cannot see).
+# bounded as above, the rest pinned by the lock, which DL3013 cannot see). The lock is copied
+# in, not read from the bind mount: podman/buildah leave a mount's content out of the layer's
+# cache key, so a changed lock would otherwise reuse the old packages.
+COPY constraints.txt /opt/lock/constraints.txt
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     "${PYTHON}" -m venv /opt/venv \
  && pip install --no-cache-dir --no-index --find-links /wheels "pip<25" "setuptools<81" wheel \
- && pip install --no-cache-dir --no-index --find-links /wheels -c /wheels/constraints.txt \
+ && pip install --no-cache-dir --no-index --find-links /wheels -c /opt/lock/constraints.txt \
       -r /wheels/image-requirements.txt "horovod==${HOROVOD_VERSION}" \
  && python -c "import horovod.tensorflow.keras, mpi4py.MPI, tensorflow"
 

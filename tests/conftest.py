@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import subprocess
@@ -11,18 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from scripts import default_job
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).with_name("train")
-
-
-def _load_default_job():
-    spec = importlib.util.spec_from_file_location("default_job", ROOT / "scripts" / "default_job.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-default_job = _load_default_job()
 
 
 def free_port() -> int:

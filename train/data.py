@@ -53,11 +53,42 @@ def channel_files(directory: Path) -> list[Path]:
     return files
 
 
-def read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+CSV_CHUNK_LINES = 65_536  # bounds the memory of the split lines of a large file
+
+
+def _parse_csv_fast(path: Path) -> np.ndarray | None:
+    """The table of a well-formed CSV, or None for anything else.
+
+    TensorFlow's decode_csv converts numbers 2x faster than np.loadtxt (issue 6: 16k -> 33k
+    samples/s of 256 features on one core); the ranks import TensorFlow anyway. It is only
+    the fast path: a file it refuses (blank lines, ragged rows, text) is left to np.loadtxt,
+    whose errors name the row and column.
+    """
+    import tensorflow as tf
+
+    lines = path.read_bytes().splitlines()
+    if not lines:
+        return None
+    columns = lines[0].count(b",") + 1
+    defaults = [tf.constant([], tf.float64)] * columns
     try:
-        table = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2, encoding="utf-8")
-    except (ValueError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: not a numeric CSV without header ({error})") from None
+        chunks = [np.stack([column.numpy() for column in
+                            tf.io.decode_csv(lines[start:start + CSV_CHUNK_LINES], defaults)],
+                           axis=1)
+                  for start in range(0, len(lines), CSV_CHUNK_LINES)]
+    except tf.errors.InvalidArgumentError:
+        return None
+    return np.concatenate(chunks)
+
+
+def read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    table = _parse_csv_fast(path)
+    if table is None:
+        try:
+            table = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2,
+                               encoding="utf-8")
+        except (ValueError, UnicodeDecodeError) as error:
+            raise DataError(f"{path}: not a numeric CSV without header ({error})") from None
     if table.size == 0:
         raise DataError(f"{path}: the file is empty")
     if table.shape[1] < 2:

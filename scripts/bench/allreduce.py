@@ -1,8 +1,9 @@
 """Item 1: allreduce bus bandwidth, Horovod vs raw MPI_Allreduce vs a memory copy.
 
 Two ranks started with the launcher's own mpirun options (container.mpirun: ob1, vader
-shared memory without single-copy, exactly what `train` passes) run, for each message size,
-on the same float32 buffers:
+shared memory without single-copy, exactly what `train` passes) and the environment it gives
+CPU ranks (container.plan.CPU_RANK_ENV: MPI yields when idle, a 5 ms Horovod cycle) run, for
+each message size, on the same float32 buffers:
 - `MPI_Allreduce` (SUM, out of place) through mpi4py: the reference;
 - Horovod as the trainer uses it: `hvd.allreduce(..., op=Average)` inside a tf.function, with
   tensor fusion on (Horovod's defaults), once as one tensor and once as the same bytes split
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from container.plan import CPU_RANK_ENV
 from scripts.bench.launch import mpirun_argv, run
 from scripts.bench.results import Measurement, Target, median
 
@@ -153,8 +155,8 @@ def measure(sizes: Sequence[int], repeats: int, workdir: Path, extra_mpi_options
     out = workdir / "allreduce.json"
     out.unlink(missing_ok=True)
     argv = mpirun_argv(RANKS, "scripts.bench.allreduce",
-                       [str(out), str(repeats), f"{budget:g}", *map(str, sizes)], {},
-                       extra_mpi_options)
+                       [str(out), str(repeats), f"{budget:g}", *map(str, sizes)],
+                       CPU_RANK_ENV, extra_mpi_options)  # the trainer's CPU rank settings
     run(argv, timeout=budget + 240, what="allreduce")
     raw = json.loads(out.read_text())
     rows = []

@@ -10,10 +10,8 @@ the session removes anything a crashed test left.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -23,27 +21,12 @@ from typing import Iterator
 import pytest
 import yaml
 
+from scripts import local_cluster
+from tests.conftest import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("TEST_IMAGE", "sagemaker-horovod:cpu")
 PREFIX = "smtest"  # compose projects and containers made by these tests
-
-
-def _load_local_cluster():
-    spec = importlib.util.spec_from_file_location("local_cluster",
-                                                  REPO / "scripts" / "local_cluster.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["local_cluster"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-local_cluster = _load_local_cluster()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def unique(name: str) -> str:

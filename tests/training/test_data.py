@@ -1,9 +1,9 @@
-"""Reading channel files and sharding them (numpy only, no processes)."""
+"""Reading channel files and sharding them (no processes)."""
 
 import numpy as np
 import pytest
 
-from train.data import DataError, read_channel, shard
+from train.data import DataError, _parse_csv_fast, read_channel, shard
 
 
 def write(folder, name, content):
@@ -58,3 +58,25 @@ def test_fully_replicated_shards_by_global_rank_and_s3_sharded_by_local_rank(tmp
     by_host = [shard(data, by_host=True, rank=r, world_size=4, local_rank=r % 2, local_size=2)
                for r in (2, 3)]
     assert [s.x[:, 0].tolist() for s in by_host] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+
+
+def test_fast_csv_path_gives_what_loadtxt_gives_across_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr("train.data.CSV_CHUNK_LINES", 7)  # 3 chunks, the last one short
+    table = np.column_stack([np.arange(20) % 3, np.random.default_rng(0).normal(size=(20, 4))])
+    np.savetxt(tmp_path / "a.csv", table, delimiter=",", fmt="%.9g")
+    assert _parse_csv_fast(tmp_path / "a.csv") is not None  # the fast path took it
+    data = read_channel(tmp_path)
+    expected = np.loadtxt(tmp_path / "a.csv", delimiter=",")
+    assert np.array_equal(data.x, expected[:, 1:].astype(np.float32))
+    assert data.y.tolist() == expected[:, 0].astype(int).tolist()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("1,2\n1,2,3\n", "the number of columns changed from 2 to 3 at row 2"),
+    ("label,x\n1,2\n", "could not convert string 'label' to float64"),
+])
+def test_files_the_fast_path_refuses_get_loadtxts_precise_error(tmp_path, content, message):
+    write(tmp_path, "a.csv", content)
+    assert _parse_csv_fast(tmp_path / "a.csv") is None
+    with pytest.raises(DataError, match=message):
+        read_channel(tmp_path)
