@@ -7,7 +7,8 @@
 Items (see each module's docstring for the method):
   1 allreduce bus bandwidth, Horovod vs MPI_Allreduce vs memory copy  (scripts.bench.allreduce)
   2 scaling efficiency of the trainer, 2 ranks vs 1                   (scripts.bench.training)
-  3 gradient accumulation cost, k micro-batches vs one big batch      (scripts.bench.training)
+  3 gradient accumulation cost, k micro-batches vs one big batch      (scripts.bench.training,
+    and its ceiling: the model's matrix products at both sizes          scripts.bench.kernels)
   4 cluster startup overhead and teardown, 2 hosts                    (scripts.bench.cluster)
   5 input: channel reader and tf.data vs trainer consumption         (scripts.bench.input_pipeline)
   6 peak RSS per rank and of the serving worker                       (scripts.bench.memory)
@@ -156,10 +157,10 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
         trainer["model_root"] = workdir / "scaling" / "1rank-0" / "job0"
         return rows
 
-    def accumulation() -> Measurement:
-        row, whole = training.accumulation(sizes, workdir / "accumulation", extra)
-        trainer["consumption"] += [row.value, whole.throughput()]
-        return row
+    def accumulation() -> list[Measurement]:
+        rows, whole = training.accumulation(sizes, workdir / "accumulation", extra)
+        trainer["consumption"] += [rows[0].value, whole.throughput()]
+        return rows
 
     def input_pipeline() -> list[Measurement]:
         known = [c for c in trainer["consumption"] if c]

@@ -16,12 +16,15 @@ only in the rank count.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.bench.jobs import DataShape, TrainRun, run_trains, synthetic, write_job
+from container.plan import CPU_RANK_ENV
+from scripts.bench.jobs import CLASSES, DataShape, TrainRun, run_trains, synthetic, write_job
+from scripts.bench.launch import PYTHON, run
 from scripts.bench.results import Measurement, Target, median
 from scripts.bench.sizes import Sizes
 
@@ -116,8 +119,27 @@ def scaling(sizes: Sizes, workdir: Path, extra_mpi_options: str = "",
     return rows, one, two
 
 
+def kernel_ceiling(sizes: Sizes, workdir: Path) -> Measurement:
+    """Item 3's diagnostic row: the model's matrix products at the micro-batch vs the whole
+    batch (scripts.bench.kernels), i.e. the best ratio accumulation can reach here."""
+    k = sizes.accumulation_steps
+    micro, out = sizes.per_device_batch // k, workdir / "kernels.json"
+    workdir.mkdir(parents=True, exist_ok=True)
+    run([PYTHON, "-m", "scripts.bench.kernels", str(out), str(micro), str(k),
+         str(sizes.features), sizes.hidden_units, str(CLASSES)], timeout=300,
+        what="matrix products", env={**CPU_RANK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    raw = json.loads(out.read_text())
+    whole = sizes.per_device_batch
+    return Measurement(
+        item=3, metric=f"accumulation ceiling: matrix products {k} x {micro} vs 1 x {whole}",
+        unit="samples/s", value=whole / (k * raw["micro_seconds"]),
+        reference=whole / raw["whole_seconds"], reference_name=f"the same at batch {whole}",
+        note="the model's Dense-layer products alone, one thread; ratio = the best item 3 "
+             "can reach", details=raw)
+
+
 def accumulation(sizes: Sizes, workdir: Path,
-                 extra_mpi_options: str = "") -> tuple[Measurement, Configuration]:
+                 extra_mpi_options: str = "") -> tuple[list[Measurement], Configuration]:
     k, big = sizes.accumulation_steps, sizes.per_device_batch
     options = f"{ONE_THREAD} {extra_mpi_options}".strip()
     if big % k:
@@ -135,4 +157,4 @@ def accumulation(sizes: Sizes, workdir: Path,
         samples=tuple(accumulated.run_throughputs()),
         details={"accumulated": accumulated.details(), "whole_batch": whole.details(),
                  "whole_batch_samples_per_sec": whole.run_throughputs()})
-    return measurement, whole
+    return [measurement, kernel_ceiling(sizes, workdir)], whole

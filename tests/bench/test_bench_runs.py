@@ -70,9 +70,11 @@ def test_each_item_measured_what_it_says(tiny_run):
     assert len(scaling["details"]["two_ranks"]["rank_peak_rss_bytes"][0][0]) == 2  # 2 ranks
     assert capacity["details"]["pair"]["copies"] == 2
     assert capacity["value"] == scaling["value"]
-    accumulation, = by_item[3]
+    accumulation, ceiling = by_item[3]
     assert accumulation["details"]["accumulated"]["hyperparameters"]["max_device_batch_size"] \
         == "8"
+    assert ceiling["details"]["micro_batch"] == 8 and ceiling["details"]["onednn"] == "1"
+    assert ceiling["details"]["shapes"] == [[8, 16], [16, 10]]  # the tiny MLP's layers
     startup, teardown = by_item[4]
     assert startup["details"]["mode"] == "loopback" and "127.0.0.2" in startup["metric"]
     breakdown = startup["details"]["breakdown_seconds"]
