@@ -91,6 +91,7 @@ def test_k_micro_batches_equal_one_big_batch(make_script_job):
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads((root / "output" / "data" / "accumulation.json").read_text())
     assert report["max_difference"] < 1e-5, report
+    assert report["max_difference_single"] < 1e-5, report  # averaged over ranks, not summed
     assert report["max_change"] > 1e-3, report  # the steps really moved the weights
 
 
@@ -100,7 +101,7 @@ import numpy as np
 import tensorflow as tf
 from train import distributed
 from train.batching import plan_batches
-from train.trainer import make_optimizer
+from train.trainer import compile_for_training
 from train.hyperparameters import TrainerConfig
 from train.schedule import WarmupSchedule
 
@@ -119,15 +120,30 @@ def trained(accumulation):
                         learning_rate=0.5, base_batch_size=128, scale_learning_rate=True)
     assert plan.accumulation_steps == accumulation, plan
     config = TrainerConfig(optimizer="sgd", momentum=0.0)
-    model.compile(optimizer=make_optimizer(config, WarmupSchedule(0.5, 0.5, 0), plan),
-                  loss="sparse_categorical_crossentropy")
-    model.fit(x, y, batch_size=plan.micro_batch, epochs=2, shuffle=False, verbose=0)
+    # what the trainer fits: Keras' step (k=1) or AccumulatingModel (k=4)
+    stepper, _ = compile_for_training(model, config, plan, WarmupSchedule(0.5, 0.5, 0))
+    stepper.fit(x, y, batch_size=plan.per_device_batch, epochs=2, shuffle=False, verbose=0)
     return start, [w.numpy() for w in model.weights]
+
+def single_process():
+    """Plain Keras on every rank's 64 rows at once: one batch of 128 per step."""
+    tf.keras.utils.set_random_seed(7)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="tanh"),
+                                 tf.keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    parts = [np.random.default_rng(r) for r in range(distributed.size())]
+    xs = [(g.normal(size=(64, 8)).astype("float32"), g.integers(0, 3, size=64)) for g in parts]
+    model.fit(np.concatenate([p[0] for p in xs]), np.concatenate([p[1] for p in xs]),
+              batch_size=64 * distributed.size(), epochs=2, shuffle=False, verbose=0)
+    return [w.numpy() for w in model.weights]
 
 start, big = trained(1)
 _, accumulated = trained(4)
 if distributed.is_leader():
+    reference = single_process()
     report = {"max_difference": max(float(np.abs(a - b).max()) for a, b in zip(big, accumulated)),
+              "max_difference_single": max(float(np.abs(a - b).max())
+                                           for a, b in zip(reference, accumulated)),
               "max_change": max(float(np.abs(a - b).max()) for a, b in zip(big, start))}
     with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "accumulation.json"), "w") as out:
         json.dump(report, out)
