@@ -14,7 +14,8 @@
 `callbacks()` broadcasts rank 0's initial weights, averages the epoch metrics over ranks and
 stops every rank together when the job is asked to stop (SIGTERM on SageMaker), so a script
 that uses it ends cleanly within SageMaker's grace period. The built-in trainer uses the same
-functions.
+start-up, optimizer (one micro-batch per step) and stop callback; it accumulates micro-batches
+in its own training step instead (train/accumulation.py says why).
 """
 
 from __future__ import annotations
