@@ -125,11 +125,11 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# The locked stack and Horovod, offline from the wheelhouse of the build stage (pip/setuptools
-# bounded as above, the rest pinned by the lock, which DL3013 cannot see). The lock is copied
-# in, not read from the bind mount: podman/buildah leave a mount's content out of the layer's
-# cache key, so a changed lock would otherwise reuse the old packages.
+# The lock is copied in, not read from the wheels bind mount below: podman/buildah leave a
+# mount's content out of the layer's cache key, so a changed lock would reuse old packages.
 COPY constraints.txt /opt/lock/constraints.txt
+# The locked stack and Horovod, offline from the wheelhouse of the build stage (pip/setuptools
+# bounded as above, the rest pinned by the lock, which DL3013 cannot see).
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     "${PYTHON}" -m venv /opt/venv \
