@@ -59,20 +59,9 @@ def scale_learning_rate(learning_rate: float) -> float:
     return learning_rate * hvd.size()
 
 
-def _skip_autograph_of_horovod() -> None:
-    """Horovod's gradient code has no tensor-dependent Python control flow, but autograph
-    re-parses and converts it on every trace. (TensorFlow-internal API, pinned 2.15.1.)"""
-    from tensorflow.python.autograph.core import config as autograph_config
-
-    rule = autograph_config.DoNotConvert("horovod")
-    if rule not in autograph_config.CONVERSION_RULES:
-        autograph_config.CONVERSION_RULES = (rule, *autograph_config.CONVERSION_RULES)
-
-
 def optimizer(inner: tf.keras.optimizers.Optimizer, *, accumulation_steps: int = 1,
               fp16_allreduce: bool = False) -> tf.keras.optimizers.Optimizer:
     """Gradients averaged over ranks (and over `accumulation_steps` micro-batches first)."""
-    _skip_autograph_of_horovod()
     return hvd.DistributedOptimizer(
         inner, backward_passes_per_step=accumulation_steps,
         average_aggregated_gradients=True,  # k micro-batches = one batch k times bigger
