@@ -26,7 +26,9 @@ from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("TEST_IMAGE", "sagemaker-horovod:cpu")
-PREFIX = "smtest"  # compose projects and containers made by these tests
+# Compose projects and containers made by these tests; TEST_PREFIX keeps two concurrent test
+# sessions on one machine from sweeping each other's containers.
+PREFIX = os.environ.get("TEST_PREFIX", "smtest")
 
 
 def unique(name: str) -> str:
