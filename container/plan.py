@@ -2,7 +2,9 @@
 
 `make_plan` is pure: everything it needs (the job config, the GPU count, the Python
 interpreter, the environment) comes in as arguments, so `train --dry-run` and the golden tests
-see exactly the plan a real launch would execute.
+see exactly the plan a real launch would execute. What each rank runs (the trainer's config
+and batch plan, or the script and its hyperparameters) is decided here once and travels to
+every rank in its environment (train.rank_job).
 
 Ranks are placed with `-map-by slot` over the sorted host list, so rank r runs on
 hosts[r // processes_per_host]. Each rank derives its own host from that (the hosts and
@@ -18,12 +20,13 @@ from typing import Any, Mapping
 
 from container import mpirun
 from container.errors import ConfigError
-from container.hyperparameters import decode, parse
-from container.launch_config import LaunchConfig, split_hyperparameters
+from container.hyperparameters import decode
+from container.job_hyperparameters import validate_hyperparameters
+from container.launch_config import LaunchConfig
 from container.sagemaker_config import JobConfig
 from container.sshd import SshFiles, ssh_client_args
 from train.batching import BatchPlan, plan_batches
-from train.hyperparameters import TrainerConfig
+from train.rank_job import RankJob
 
 BUILTIN_CHANNELS = ("train", "validation")
 # Horovod warns about a rank that stopped joining collectives after 60 s and shuts the job
@@ -81,12 +84,14 @@ class ClusterPlan:
 class LaunchPlan:
     cluster: ClusterPlan
     launch: LaunchConfig
-    program: str  # "" runs the built-in trainer
+    job: RankJob  # what every rank runs
     script_args: tuple[str, ...]
-    trainer: TrainerConfig | None
-    batches: BatchPlan | None
     ignored_hyperparameters: tuple[str, ...]
     mpirun: tuple[str, ...]
+
+    @property
+    def batches(self) -> BatchPlan | None:
+        return self.job.batches
 
     def as_json(self) -> dict[str, Any]:
         cluster = self.cluster
@@ -96,8 +101,8 @@ class LaunchPlan:
             "processes_per_host": cluster.processes_per_host,
             "world_size": cluster.world_size, "network_interface": cluster.interface,
             "instance_type": cluster.instance_type, "efa": mpirun.is_efa(cluster.instance_type),
-            "mode": "script" if self.program else "builtin",
-            "program": self.program or None, "script_args": list(self.script_args),
+            "mode": "script" if self.job.program else "builtin",
+            "program": self.job.program or None, "script_args": list(self.script_args),
             "ignored_hyperparameters": list(self.ignored_hyperparameters),
             "mpirun": list(self.mpirun),
         }
@@ -124,12 +129,13 @@ def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(mapping.to_cmd_args({k: decode(v) for k, v in hyperparameters.items()}))
 
 
-def rank_environment(job: JobConfig, cluster: ClusterPlan, gpu_count: int,
+def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,
                      environ: Mapping[str, str]) -> dict[str, str]:
     env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
            "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
+           **rank_job.environment(),
            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1", **STALL_ENV}
-    for name in ("PATH", "LD_LIBRARY_PATH", "SAGEMAKER_PROGRAM"):
+    for name in ("PATH", "LD_LIBRARY_PATH"):
         if environ.get(name):
             env[name] = environ[name]
     if gpu_count:
@@ -157,40 +163,41 @@ def _check_builtin_channels(job: JobConfig) -> None:
 def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
               environ: Mapping[str, str]) -> LaunchPlan:
     """Validate everything the job says and decide exactly what will run."""
-    launch, user, ignored = split_hyperparameters(job.hyperparameters)
+    settings = validate_hyperparameters(job.hyperparameters, environ)
+    launch = settings.launch
     resources = job.resources
     cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,
                           processes_per_host=processes_per_host(launch, gpu_count),
                           interface=resources.network_interface_name,
                           instance_type=resources.instance_type)
-    program = launch.program or environ.get("SAGEMAKER_PROGRAM", "")
-    trainer = batches = None
     args: tuple[str, ...] = ()
-    if program:
-        script = job.paths.code_dir / program
+    if settings.program:
+        script = job.paths.code_dir / settings.program
         if not script.is_file():
-            raise ConfigError(f"script mode: program {program!r} not found at {script}; put "
-                              f"it under {job.paths.code_dir} or fix sagemaker_program")
-        args = script_arguments(user)
+            raise ConfigError(f"script mode: program {settings.program!r} not found at "
+                              f"{script}; put it under {job.paths.code_dir} or fix "
+                              "sagemaker_program")
+        args = script_arguments(settings.user)
+        rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script)
         rank_command = [python, "-m", "mpi4py", "-m", "train.script_runner", str(script), *args]
     else:
-        trainer, _ = parse(TrainerConfig, user)
+        trainer = settings.trainer
         _check_builtin_channels(job)
-        batches = plan_batches(
+        rank_job = RankJob(trainer=trainer, batches=plan_batches(
             world_size=cluster.world_size, global_batch_size=trainer.global_batch_size,
             per_device_batch_size=trainer.per_device_batch_size,
             max_device_batch_size=trainer.max_device_batch_size,
             learning_rate=trainer.learning_rate, base_batch_size=trainer.base_batch_size,
-            scale_learning_rate=trainer.scale_learning_rate)
+            scale_learning_rate=trainer.scale_learning_rate))
         rank_command = [python, "-m", "mpi4py", "-m", "train.rank_main"]
     ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
         else None
     defaults = mpirun.default_options(
         hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
         interface=cluster.interface, instance_type=cluster.instance_type,
-        rank_env=rank_environment(job, cluster, gpu_count, environ), ssh_args=ssh_args)
+        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ),
+        ssh_args=ssh_args)
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
-    return LaunchPlan(cluster=cluster, launch=launch, program=program,
-                      script_args=args,
-                      trainer=trainer, batches=batches, ignored_hyperparameters=ignored,
+    return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,
+                      ignored_hyperparameters=settings.ignored,
                       mpirun=tuple(mpirun.build_argv(options, rank_command)))

@@ -14,7 +14,7 @@ global_batch / base_batch_size, reached by a linear warmup. Pure arithmetic, no 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from container.errors import ConfigError
 
@@ -35,9 +35,6 @@ class BatchPlan:
                 f"{self.accumulation_steps} accumulated micro-batch(es) x {self.micro_batch}; "
                 f"learning rate {self.base_learning_rate:g} x {self.global_batch}/"
                 f"base batch = {self.learning_rate:g}")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def plan_batches(*, world_size: int, global_batch_size: int, per_device_batch_size: int,

@@ -1,22 +1,25 @@
-"""The built-in trainer's rank program: `python -m mpi4py -m train.rank_main`."""
+"""The built-in trainer's rank program: `python -m mpi4py -m train.rank_main`.
+
+It runs the trainer config and batch plan that the launcher validated (train.rank_job).
+"""
 
 from __future__ import annotations
 
 import gc
 
-from container.hyperparameters import parse
-from container.launch_config import split_hyperparameters
-from container.sagemaker_config import read_hyperparameters
-from train.hyperparameters import TrainerConfig
+from container.errors import ConfigError
 from train.rank import RankContext, run_rank
+from train.rank_job import read_rank_job
 
 
 def main(context: RankContext) -> None:
-    _, user, _ = split_hyperparameters(read_hyperparameters(context.paths.hyperparameters))
-    config, _ = parse(TrainerConfig, user)
+    job = read_rank_job()
+    if job.trainer is None or job.batches is None:
+        raise ConfigError(f"the launcher planned script mode ({job.program}), not the built-in "
+                          "trainer; start ranks with `train`")
     from train.trainer import train  # TensorFlow loads only after the stop handler is in place
 
-    train(context, config)
+    train(context, job.trainer, job.batches)
     # Everything is written. Without this the interpreter's final garbage collection walks
     # TensorFlow's ~500k objects for about a second before the rank exits (measured in the
     # issue-6 teardown benchmark); frozen objects are skipped. Only for the built-in trainer:

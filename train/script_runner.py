@@ -5,7 +5,9 @@
 The script gets the SM_* environment that the sagemaker-training toolkit defines (made by the
 toolkit's own code, for this rank's host: SM_CURRENT_HOST is this rank's host, never the
 leader's), the hyperparameters as `--name value` arguments, and runs as `__main__` with its
-folder on sys.path, so a script written for AWS's containers runs unmodified.
+folder on sys.path, so a script written for AWS's containers runs unmodified. The
+hyperparameters come from the job the launcher validated (train.rank_job), never from
+hyperparameters.json again.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import runpy
 import sys
 from pathlib import Path
 
-from container.hyperparameters import decode
-from container.launch_config import SDK_PREFIX, split_hyperparameters
-from container.sagemaker_config import read_channels, read_hyperparameters, read_resources
+from container.sagemaker_config import read_channels, read_resources
 from train.rank import RankContext, run_rank
+from train.rank_job import RankJob, read_rank_job
 
 
-def sm_environment(context: RankContext) -> dict[str, str]:
+def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     """The toolkit's SM_* variables for this rank."""
     paths = context.paths
     for folder in (paths.model_dir, paths.output_data_dir, paths.checkpoint_dir):
@@ -36,17 +37,14 @@ def sm_environment(context: RankContext) -> dict[str, str]:
     channels = {name: {"ContentType": c.content_type, "TrainingInputMode": c.input_mode,
                        "S3DistributionType": c.distribution}
                 for name, c in read_channels(paths.input_data_config, paths.data_dir).items()}
-    raw = read_hyperparameters(paths.hyperparameters)
-    _, user, _ = split_hyperparameters(raw)
-    visible = {k: decode(v) for k, v in raw.items() if k in user or k.startswith(SDK_PREFIX)}
     env = environment.Environment(resource_config=resource_config, input_data_config=channels,
-                                  hyperparameters=visible)
+                                  hyperparameters=job.script_hyperparameters)
     return {key: str(value) for key, value in env.to_env_vars().items()}
 
 
 def main(context: RankContext) -> None:
     script, arguments = Path(sys.argv[1]), sys.argv[2:]
-    os.environ.update(sm_environment(context))
+    os.environ.update(sm_environment(context, read_rank_job()))
     sys.argv = [str(script), *arguments]
     sys.path.insert(0, str(script.parent))
     runpy.run_path(str(script), run_name="__main__")

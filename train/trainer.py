@@ -20,7 +20,7 @@ from container.sagemaker_config import Channel, read_channels
 from container.supervisor import STOPPED_MARKER
 from train import distributed
 from train.accumulation import AccumulatingModel
-from train.batching import BatchPlan, plan_batches
+from train.batching import BatchPlan
 from train.callbacks import Checkpointer, EpochReport, StopOnRequest
 from train.checkpoints import CheckpointStore
 from train.data import DataError, Dataset, read_channel, shard
@@ -133,22 +133,17 @@ def verify_identical_weights(model: tf.keras.Model) -> None:
             "TensorFlow/Horovod versions (Keras 3 breaks Horovod's DistributedOptimizer)")
 
 
-def train(context: RankContext, config: TrainerConfig) -> None:
+def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
+    """Train with the config and batch plan that the launcher validated (train.rank_job)."""
     distributed.init()
-    if hvd.size() != context.world_size:
+    if hvd.size() != plan.world_size:
         raise PlatformError(f"Horovod sees {hvd.size()} ranks but the launcher planned "
-                            f"{context.world_size}")
+                            f"{plan.world_size}")
     tf.keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
     paths = context.paths
     layout = hvd_tf.allgather_object(f"{context.rank}@{context.host}", name="layout")
     say(f"{hvd.size()} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, "
         f"Horovod over {'MPI' if hvd.mpi_enabled() else 'Gloo'}")
-    plan = plan_batches(
-        world_size=hvd.size(), global_batch_size=config.global_batch_size,
-        per_device_batch_size=config.per_device_batch_size,
-        max_device_batch_size=config.max_device_batch_size,
-        learning_rate=config.learning_rate, base_batch_size=config.base_batch_size,
-        scale_learning_rate=config.scale_learning_rate)
     say(plan.derivation())
 
     channels = read_channels(paths.input_data_config, paths.data_dir)

@@ -9,6 +9,9 @@ from container.mpirun import merge_options, parse_options
 from container.paths import MlPaths
 from container.plan import make_plan
 from container.sagemaker_config import Channel, JobConfig, ResourceConfig
+from train.batching import BatchPlan
+from train.hyperparameters import TrainerConfig
+from train.rank_job import RankJob
 
 PYTHON = "/venv/bin/python"
 ENV = {"PATH": "/venv/bin:/usr/bin"}
@@ -29,9 +32,19 @@ def job(hosts, current, hyperparameters=None, instance_type="ml.c5.xlarge", inte
                      hyperparameters or {}, {"train": Channel("train")})
 
 
+def default_job(world_size):
+    """What every rank of a job without hyperparameters runs: the trainer's defaults, 32
+    samples per device, the learning rate 0.001 for 32 samples scaled to the global batch."""
+    return RankJob(trainer=TrainerConfig(), batches=BatchPlan(
+        world_size=world_size, global_batch=32 * world_size, per_device_batch=32, micro_batch=32,
+        accumulation_steps=1, base_learning_rate=0.001, learning_rate=0.001 * world_size))
+
+
 def rank_env(hosts, per_host, gpus=0):
     env = ["-x", "TRAIN_ML_ROOT=/opt/ml", "-x", f"TRAIN_HOSTS={','.join(hosts)}",
-           "-x", f"TRAIN_PROCESSES_PER_HOST={per_host}", "-x", "PYTHONUNBUFFERED=1",
+           "-x", f"TRAIN_PROCESSES_PER_HOST={per_host}",
+           "-x", f"TRAIN_JOB={default_job(len(hosts) * per_host).to_json()}",
+           "-x", "PYTHONUNBUFFERED=1",
            "-x", "TF_CPP_MIN_LOG_LEVEL=1", *STALL, "-x", "PATH=/venv/bin:/usr/bin"]
     return env + (["-x", "NCCL_DEBUG=WARN"] if gpus else
                   ["-x", "OMPI_MCA_mpi_yield_when_idle=1", "-x", "HOROVOD_CYCLE_TIME=5",

@@ -31,7 +31,8 @@ def test_dry_run_of_a_worker_in_a_cluster(make_job):
 
 @pytest.mark.parametrize("hyperparameters, message", [
     ({"epochs": "zero"}, "hyperparameter epochs='zero' is invalid: expected an integer >= 1"),
-    ({"learnin_rate": "0.1"}, "unknown hyperparameter(s) learnin_rate; valid names are:"),
+    ({"learnin_rate": "0.1"},
+     "unknown hyperparameter(s) learnin_rate (did you mean learning_rate for learnin_rate?)"),
     ({"global_batch_size": "100", "processes_per_host": "3"},
      "global_batch_size=100 cannot be split evenly over 3 devices"),
     ({"mpi_options": "eth0"}, "'eth0' is not an mpirun option"),
