@@ -4,7 +4,8 @@ SageMaker hands every hyperparameter over as a string in hyperparameters.json, a
 form depends on who made the job: framework estimators json.dumps values, a plain Estimator
 only str()s them. So `0.1`, `"0.1"`, `true`, `"True"` and `"\"adam\""` all occur. Each value is
 decoded as JSON when it is valid JSON and taken raw otherwise, then coerced to the type that
-the config dataclass declares for it, with the declared range or choices checked.
+the config dataclass declares for it, with the declared range or choices checked. This
+project's own tools write values with `encode`, the one encoder (see there).
 
 A config is a frozen dataclass whose fields are declared with `hp(...)`: the field's type, default,
 range and help text are the single definition of that hyperparameter. The launcher validates
@@ -34,6 +35,17 @@ def hp(default: Any, help: str, *, minimum: float | None = None, maximum: float 
     return dataclasses.field(default=default, metadata={
         "help": help, "minimum": minimum, "maximum": maximum, "choices": choices,
         "aliases": aliases})
+
+
+def encode(value: Any) -> str:
+    """A value as hyperparameters.json carries it: a string as it is, anything else as JSON.
+
+    A string goes as a plain Estimator, the console and CreateAlgorithm's ranges spell it
+    (`adam`, not the framework estimators' `"adam"`); anything else as a framework estimator
+    sends it (`true`, `0.1`, `[1, 2]`), because Python's str() writes `True` or `{'a': 1}`,
+    which is not JSON. `decode` reads every such value back.
+    """
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def decode(raw: Any) -> Any:

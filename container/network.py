@@ -1,9 +1,10 @@
-"""Waiting for the cluster's hosts: name resolution and sshd, each with a deadline.
+"""Waiting for the cluster's hosts: name resolution and sshd, each with a deadline; ports.
 
 SageMaker's host names (algo-1, algo-2, ...) may not resolve the instant a container starts,
 so every host retries until a deadline. A timeout names exactly the hosts that never answered,
 which is the line a user needs instead of "Cannot connect to host algo-1" in a hang.
 Polling backs off from 0.1 s to 1 s: quick when things are quick, cheap when they are not.
+`free_port` finds a port for the servers that tests and benchmarks start on loopback.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ def ssh_banner(host: str, port: int, timeout: float = 2.0) -> bool:
 def wait_resolvable(hosts: Iterable[str], leader: str, timeout: float) -> None:
     poll_until(resolves, hosts, timeout, "these host names did not resolve",
                lambda host: f"{host} (the leader)" if host == leader else host)
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_sshd(hosts: Iterable[str], port: int, timeout: float) -> None:

@@ -10,21 +10,25 @@
   FastFile) and `S3DistributionType` (FullyReplicated | ShardedByS3Key). Missing means
   every channel folder present under input/data is FullyReplicated File input.
 Every problem is a ConfigError that names the file and the field to fix.
+
+`write_job_config` writes the same three files as SageMaker does (its inverse): the default
+job, the benchmarks, the local cluster and the tests make their jobs with it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from container.errors import ConfigError
+from container.hyperparameters import encode
 from container.paths import MlPaths
 
 INPUT_MODES = ("File", "FastFile", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
+INSTANCE_GROUP = "homogeneousCluster"  # SageMaker's name for the one group of a plain job
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,27 @@ def read_job_config(paths: MlPaths) -> JobConfig:
         channels=read_channels(paths.input_data_config, paths.data_dir))
 
 
-def program_from_environment() -> str:
-    """SAGEMAKER_PROGRAM, which some tools set instead of the sagemaker_program key."""
-    return os.environ.get("SAGEMAKER_PROGRAM", "")
+def write_job_config(job: JobConfig) -> None:
+    """Write `job` under `job.paths.config_dir` as SageMaker writes it; read_job_config reads it
+    back. Hyperparameter values may be any JSON value: each is written with `encode`."""
+    paths, resources = job.paths, job.resources
+    hosts = sorted(resources.hosts)
+    paths.config_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(paths.resource_config, {
+        "current_host": resources.current_host,
+        "current_instance_type": resources.instance_type,
+        "current_group_name": INSTANCE_GROUP,
+        "hosts": hosts,
+        "instance_groups": [{"instance_group_name": INSTANCE_GROUP,
+                             "instance_type": resources.instance_type, "hosts": hosts}],
+        "network_interface_name": resources.network_interface_name})
+    _write_json(paths.hyperparameters,
+                {name: encode(value) for name, value in job.hyperparameters.items()})
+    _write_json(paths.input_data_config, {
+        name: {"ContentType": channel.content_type, "TrainingInputMode": channel.input_mode,
+               "S3DistributionType": channel.distribution, "RecordWrapperType": "None"}
+        for name, channel in job.channels.items()})
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")

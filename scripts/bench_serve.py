@@ -26,7 +26,6 @@ import asyncio
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from container.network import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCIES = (1, 8, 32)
@@ -168,12 +169,6 @@ def _result(name: str, concurrency: int, latencies: list[float], rate: float,
 
 
 # --- servers and the in-process bound --------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def wait_until_healthy(port: int, process: subprocess.Popen, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s

@@ -21,33 +21,23 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_digits
 
+from container.paths import MlPaths
+from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
+
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "build" / "default-job"
+DIGITS_CHANNELS = {name: Channel(name, "text/csv") for name in ("train", "validation")}
 
 
-def write_channels(data_dir: Path, validation_fraction: float = 0.2, seed: int = 0) -> None:
+def write_digits(data_dir: Path, validation_fraction: float = 0.2, seed: int = 0) -> None:
     """Digits as train/digits.csv and validation/digits.csv (label, 64 pixel values)."""
     digits = load_digits()
     order = np.random.default_rng(seed).permutation(len(digits.target))
     table = np.column_stack([digits.target, digits.data])[order]
     cut = int(len(table) * (1 - validation_fraction))
-    for channel, rows in (("train", table[:cut]), ("validation", table[cut:])):
+    for channel, rows in zip(DIGITS_CHANNELS, (table[:cut], table[cut:])):
         folder = data_dir / channel
         folder.mkdir(parents=True, exist_ok=True)
         np.savetxt(folder / "digits.csv", rows, delimiter=",", fmt="%g")
-
-
-def write_job(root: Path, hyperparameters: dict[str, str], hosts: list[str],
-              current_host: str) -> None:
-    """A fresh SageMaker tree for one host: config files and the channel data."""
-    config = root / "input" / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    (config / "resourceconfig.json").write_text(json.dumps({
-        "current_host": current_host, "hosts": hosts, "network_interface_name": "lo"}))
-    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-    (config / "inputdataconfig.json").write_text(json.dumps({
-        name: {"ContentType": "text/csv", "TrainingInputMode": "File",
-               "S3DistributionType": "FullyReplicated"} for name in ("train", "validation")}))
-    write_channels(root / "input" / "data")
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -64,8 +54,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
-    hyperparameters = {"epochs": str(args.epochs), "processes_per_host": str(args.processes),
-                       "model": args.model, "learning_rate": "0.002", "warmup_epochs": "1"}
+    hyperparameters = {"epochs": args.epochs, "processes_per_host": args.processes,
+                       "model": args.model, "learning_rate": 0.002, "warmup_epochs": 1}
     if args.model == "cnn":
         hyperparameters["image_shape"] = "8,8,1"
     for item in args.set:
@@ -74,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"--set {item!r}: expected KEY=VALUE")
         hyperparameters[key] = value
     shutil.rmtree(args.ml_root, ignore_errors=True)
-    write_job(args.ml_root, hyperparameters, ["algo-1"], "algo-1")
+    paths = MlPaths(args.ml_root)
+    write_job_config(JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"),
+                               hyperparameters, DIGITS_CHANNELS))
+    write_digits(paths.data_dir)
     print(f"default job: digits written under {args.ml_root}", flush=True)
     if args.no_run:
         return 0

@@ -3,34 +3,31 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from scripts import default_job
+from container.paths import MlPaths
+from container.sagemaker_config import JobConfig, ResourceConfig, write_job_config
+from scripts.default_job import DIGITS_CHANNELS, write_digits
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).with_name("train")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def make_job(tmp_path):
-    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=...) -> ml root."""
+    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=...) -> ml root of
+    the digits job on loopback, as SageMaker would lay it out on host `current`."""
 
     def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None) -> Path:
-        root = tmp_path / (name or current)
-        default_job.write_job(root, {k: str(v) for k, v in hyperparameters.items()},
-                              list(hosts), current)
-        return root
+        paths = MlPaths(tmp_path / (name or current))
+        write_job_config(JobConfig(paths, ResourceConfig(current, tuple(hosts), "lo"),
+                                   hyperparameters, DIGITS_CHANNELS))
+        write_digits(paths.data_dir)
+        return paths.root
 
     return make
 

@@ -10,7 +10,6 @@ built-in trainer. While a job runs, every rank's peak RSS (the kernel's VmHWM) i
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -18,10 +17,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from container.paths import MlPaths
+from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
 from scripts.bench.launch import TRAIN, log, stop
 
 CLASSES = 10
@@ -57,20 +58,15 @@ def write_csv(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.cs
     return path
 
 
-def write_job(root: Path, hyperparameters: Mapping[str, str | int | float],
+def write_job(root: Path, hyperparameters: Mapping[str, Any],
               data: tuple[np.ndarray, np.ndarray], *, hosts: Sequence[str] = ("algo-1",),
               current_host: str = "algo-1") -> Path:
     """An /opt/ml-like tree with a `train` channel only (no validation: epochs time training)."""
-    config = root / "input" / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    (config / "resourceconfig.json").write_text(json.dumps(
-        {"current_host": current_host, "hosts": list(hosts), "network_interface_name": "lo"}))
-    (config / "hyperparameters.json").write_text(
-        json.dumps({k: str(v) for k, v in hyperparameters.items()}))
-    (config / "inputdataconfig.json").write_text(json.dumps(
-        {"train": {"ContentType": "application/x-npz", "TrainingInputMode": "File",
-                   "S3DistributionType": "FullyReplicated"}}))
-    write_npz(root / "input" / "data" / "train", *data)
+    paths = MlPaths(root)
+    write_job_config(JobConfig(paths, ResourceConfig(current_host, tuple(hosts), "lo"),
+                               dict(hyperparameters),
+                               {"train": Channel("train", "application/x-npz")}))
+    write_npz(paths.channel("train"), *data)
     return root
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.bench.cluster import BARE_IMPORT, free_port
+from container.network import free_port
+from scripts.bench.cluster import BARE_IMPORT
 from scripts.bench.jobs import PeakMemory, peak_rss
 from scripts.bench.launch import PYTHON, log, stop
 from scripts.bench.results import Measurement

@@ -11,7 +11,8 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port, run_script
+from conftest import run_script
+from container.network import free_port
 
 pytestmark = pytest.mark.container
 

@@ -8,7 +8,7 @@ import pytest
 
 from container.coordination import Leader, follow_leader
 from container.errors import PlatformError
-from tests.conftest import free_port
+from container.network import free_port
 
 
 def follow(port, host, results, **overrides):

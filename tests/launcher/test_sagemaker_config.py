@@ -1,9 +1,14 @@
+import json
+
 import pytest
 
 from container.errors import ConfigError
+from container.hyperparameters import decode, parse
 from container.paths import MlPaths
-from container.sagemaker_config import read_job_config
+from container.sagemaker_config import (Channel, JobConfig, ResourceConfig, read_job_config,
+                                        write_job_config)
 from tests.conftest import write_json
+from train.hyperparameters import TrainerConfig
 
 
 def config(tmp_path, resource=None, hyperparameters=None, inputdata=None):
@@ -73,3 +78,42 @@ def test_bad_input_data_config(tmp_path, channel, message):
     with pytest.raises(ConfigError) as error:
         read_job_config(config(tmp_path, inputdata={"train": channel}))
     assert message in str(error.value)
+
+
+def test_written_job_reads_back_as_written(tmp_path):
+    job = JobConfig(
+        MlPaths(tmp_path),
+        ResourceConfig("algo-2", ("algo-1", "algo-2", "algo-3"), "eth1", "ml.c5.xlarge"),
+        {"epochs": "3", "optimizer": "\"adam\"", "sagemaker_program": "train.py"},
+        {"train": Channel("train", "text/csv", "FastFile", "ShardedByS3Key"),
+         "validation": Channel("validation", "application/x-npz")})
+    write_job_config(job)
+    assert read_job_config(job.paths) == job
+    resources = json.loads(job.paths.resource_config.read_text())
+    assert resources["current_group_name"] == "homogeneousCluster"
+    assert resources["instance_groups"] == [{
+        "instance_group_name": "homogeneousCluster", "instance_type": "ml.c5.xlarge",
+        "hosts": ["algo-1", "algo-2", "algo-3"]}]
+
+
+def test_hyperparameters_are_written_as_sagemaker_strings_and_decode_back(tmp_path):
+    values = {"epochs": 3, "learning_rate": 0.05, "fp16_allreduce": True, "model": "cnn",
+              "image_shape": "8,8,1", "layers": [64, 32], "options": {"a": None}}
+    write_job_config(JobConfig(MlPaths(tmp_path), ResourceConfig("algo-1", ("algo-1",)),
+                               values, {}))
+    written = json.loads(MlPaths(tmp_path).hyperparameters.read_text())
+    assert written == {"epochs": "3", "learning_rate": "0.05", "fp16_allreduce": "true",
+                       "model": "cnn", "image_shape": "8,8,1", "layers": "[64, 32]",
+                       "options": "{\"a\": null}"}
+    assert {name: decode(text) for name, text in written.items()} == values
+    trainer, _ = parse(TrainerConfig, read_job_config(MlPaths(tmp_path)).hyperparameters,
+                       allow_unknown=True)
+    assert (trainer.epochs, trainer.learning_rate, trainer.fp16_allreduce, trainer.model,
+            trainer.image_dims) == (3, 0.05, True, "cnn", (8, 8, 1))
+
+
+def test_hosts_are_written_sorted_as_sagemaker_does(tmp_path):
+    job = JobConfig(MlPaths(tmp_path), ResourceConfig("algo-2", ("algo-2", "algo-1")), {}, {})
+    write_job_config(job)
+    assert json.loads(job.paths.resource_config.read_text())["hosts"] == ["algo-1", "algo-2"]
+    assert read_job_config(job.paths).resources.hosts == ("algo-1", "algo-2")

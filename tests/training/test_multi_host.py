@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import TRAIN, failure_of, free_port
+from container.network import free_port
+from tests.conftest import TRAIN, failure_of
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
