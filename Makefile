@@ -20,6 +20,7 @@ train: setup
 test: setup container-setup
 	$(PY) -m pytest -q
 
+## The inner loop: every test but the container ones (no image build, no podman).
 test-unit: setup
 	$(PY) -m pytest -q -m "not container"
 
@@ -106,16 +107,17 @@ bench-serve: setup
 # --- training performance benchmarks (issue 6) ------------------------------------------
 # One table (metric, this project, reference, ratio, target, met) on stdout; the full results
 # in results/bench-<date>.json and results/bench-latest.{json,md}. Under 10 minutes on 2 cores.
-# Item 4 runs on the local compose cluster when BENCH_IMAGE exists (make build), else on two
-# launchers on 127.0.0.1/127.0.0.2; the table names which. See scripts/bench/runner.py.
+# Item 4 runs on the local compose cluster when the image exists (BENCH_IMAGE, by default the
+# one `make build` makes), else on two launchers on 127.0.0.1/127.0.0.2; the table names which.
+# See scripts/bench/runner.py.
 .PHONY: bench bench-tiny
-BENCH_IMAGE ?= localhost/sagemaker-horovod:cpu
+BENCH_IMAGE ?=
 BENCH_ARGS ?=
 
 ## Allreduce busbw, trainer scaling, accumulation, cluster overhead, input, peak RSS.
 bench: setup
-	$(PY) -m scripts.bench --image $(BENCH_IMAGE) $(BENCH_ARGS)
+	$(PY) -m scripts.bench $(if $(BENCH_IMAGE),--image $(BENCH_IMAGE)) $(BENCH_ARGS)
 
 ## The same at a tiny size (about a minute idle): checks that every benchmark runs.
 bench-tiny: setup
-	$(PY) -m scripts.bench --tiny --image $(BENCH_IMAGE) $(BENCH_ARGS)
+	$(PY) -m scripts.bench --tiny $(if $(BENCH_IMAGE),--image $(BENCH_IMAGE)) $(BENCH_ARGS)

@@ -10,15 +10,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from container.paths import DEFAULT_ML_ROOT
 from serve.config import ServeConfig, ServeConfigError, config_from_env
 from serve.server import run_server
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
     parser = argparse.ArgumentParser(prog="serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--ml-root", type=Path, default=Path("/opt/ml"),
+    parser.add_argument("--ml-root", type=Path, default=DEFAULT_ML_ROOT,
                         help="the SageMaker directory tree; the model is read from "
-                             "ML_ROOT/model (default: /opt/ml)")
+                             f"ML_ROOT/model (default: {DEFAULT_ML_ROOT})")
     args = parser.parse_args(argv)
     try:
         return config_from_env(args.ml_root)

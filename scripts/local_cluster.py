@@ -8,16 +8,16 @@
 - docker-compose.yml: services algo-1 .. algo-N of --image, each with that hostname and
   network alias on one network (`sagemaker-local`, prefixed by the compose project),
   `command: train`, TRAINING_JOB_NAME in the environment;
-- per host algo-i/: input/config/{resourceconfig,hyperparameters,inputdataconfig}.json,
-  output/, model/ and checkpoints/, bind-mounted at /opt/ml/... in that host's container.
-  resourceconfig.json holds current_host, the sorted hosts, network_interface_name (the
-  container's interface: eth0 on a compose network) and the instance group, as on SageMaker.
+- per host algo-i/: input/config/{resourceconfig,hyperparameters,inputdataconfig}.json
+  (written by container.sagemaker_config.write_job_config, as SageMaker writes them; the
+  interface is the container's: eth0 on a compose network), output/, model/ and
+  checkpoints/, bind-mounted at /opt/ml/... in that host's container.
 - channels: every sub-folder of --data is a channel, mounted read-only at
   /opt/ml/input/data/<channel>. Whole on every host (FullyReplicated), or, for the channels
   named by --sharded, split across the hosts file by file in sorted order, round robin
   (an imitation of ShardedByS3Key: with more hosts than files some hosts get nothing).
-- hyperparameters: a JSON file (--hyperparameters; non-string values are json.dumps'ed the way
-  framework estimators send them) and/or --hp key=value (kept as the raw string).
+- hyperparameters: a JSON file (--hyperparameters) and/or --hp key=value (kept as the raw
+  string); values are written as container.hyperparameters.encode writes them.
 
 `train` then runs `<compose> up --abort-on-container-exit` (docker compose with a Docker
 daemon, else podman-compose; see scripts/engine.sh), waits for every container to exit,
@@ -26,8 +26,8 @@ the containers and the network (`down`). Exit status: 0 when every host exited 0
 
 `serve` runs `<engine> run IMAGE serve` with the model folder at /opt/ml/model, on --port.
 
-The pure builders (resource_config, input_data_config, shard, compose_file) are what the
-tests check; everything that touches the disk or an engine is at the bottom.
+The pure builders (job_config, shard, compose_file) are what the tests check; everything that
+touches the disk or an engine is at the bottom.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from container.paths import MlPaths
+from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
+
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = "sagemaker-local"
+IMAGE_PATHS = MlPaths()  # where SageMaker puts things inside the container
 DEFAULT_IMAGE = "sagemaker-horovod:cpu"
 DEFAULT_WORKDIR = REPO / "build" / "local-cluster"
 CONTENT_TYPES = {".csv": "text/csv", ".json": "application/json",
@@ -62,7 +66,7 @@ class ClusterSpec:
     data: Path | None = None
     image: str = DEFAULT_IMAGE
     sharded: frozenset[str] = frozenset()
-    hyperparameters: Mapping[str, str] = field(default_factory=dict)
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     job_name: str = "local-training-job"
     instance_type: str = "local"
     interface: str = "eth0"
@@ -73,9 +77,6 @@ class ClusterSpec:
             raise ValueError(f"hosts must be at least 1, got {self.hosts}")
         if self.sharded and self.data is None:
             raise ValueError("--sharded needs --data with the channels to split")
-        for key, value in self.hyperparameters.items():
-            if not isinstance(value, str):
-                raise ValueError(f"hyperparameter {key!r} must be a string, got {value!r}")
 
     @property
     def host_names(self) -> list[str]:
@@ -97,27 +98,21 @@ def host_names(count: int) -> list[str]:
     return [f"algo-{index}" for index in range(1, count + 1)]
 
 
-def resource_config(current_host: str, hosts: Sequence[str], interface: str = "eth0",
-                    instance_type: str = "local") -> dict[str, Any]:
-    """resourceconfig.json as SageMaker writes it on `current_host` (hosts sorted)."""
-    return {"current_host": current_host, "current_instance_type": instance_type,
-            "current_group_name": "homogeneousCluster", "hosts": sorted(hosts),
-            "instance_groups": [{"instance_group_name": "homogeneousCluster",
-                                 "instance_type": instance_type, "hosts": list(hosts)}],
-            "network_interface_name": interface}
-
-
 def content_type(folder: Path) -> str:
     """The channel's ContentType, from its files' extension (empty when unknown or mixed)."""
     kinds = {CONTENT_TYPES.get(p.suffix.lower(), "") for p in folder.rglob("*") if p.is_file()}
     return kinds.pop() if len(kinds) == 1 else ""
 
 
-def input_data_config(channels: Mapping[str, Path], sharded: frozenset[str]) -> dict[str, Any]:
-    return {name: {"ContentType": content_type(folder), "TrainingInputMode": "File",
-                   "S3DistributionType": "ShardedByS3Key" if name in sharded
-                   else "FullyReplicated", "RecordWrapperType": "None"}
-            for name, folder in channels.items()}
+def job_config(spec: ClusterSpec, host: str) -> JobConfig:
+    """The job SageMaker would describe to `host`, for its tree under the workdir."""
+    channels = {name: Channel(name, content_type(folder), "File",
+                              "ShardedByS3Key" if name in spec.sharded else "FullyReplicated")
+                for name, folder in spec.channels().items()}
+    return JobConfig(host_paths(spec, host),
+                     ResourceConfig(host, tuple(spec.host_names), spec.interface,
+                                    spec.instance_type),
+                     dict(spec.hyperparameters), channels)
 
 
 def shard(files: Sequence[str], hosts: Sequence[str]) -> dict[str, list[str]]:
@@ -128,14 +123,15 @@ def shard(files: Sequence[str], hosts: Sequence[str]) -> dict[str, list[str]]:
     return shards
 
 
-def host_dir(spec: ClusterSpec, host: str) -> Path:
-    return spec.workdir.resolve() / host
+def host_paths(spec: ClusterSpec, host: str) -> MlPaths:
+    """The host's tree under the workdir, mounted at IMAGE_PATHS in its container."""
+    return MlPaths(spec.workdir.resolve() / host)
 
 
 def channel_source(spec: ClusterSpec, host: str, name: str, folder: Path) -> Path:
     """What a host mounts for a channel: the folder itself, or its own shard."""
     if name in spec.sharded:
-        return host_dir(spec, host) / "input" / "data" / name
+        return host_paths(spec, host).channel(name)
     return folder
 
 
@@ -144,12 +140,12 @@ def compose_file(spec: ClusterSpec) -> dict[str, Any]:
     channels = spec.channels()
     services = {}
     for host in spec.host_names:
-        base = host_dir(spec, host)
-        volumes = [f"{base / 'input' / 'config'}:/opt/ml/input/config:ro",
-                   f"{base / 'output'}:/opt/ml/output",
-                   f"{base / 'model'}:/opt/ml/model",
-                   f"{base / 'checkpoints'}:/opt/ml/checkpoints"]
-        volumes += [f"{channel_source(spec, host, name, folder)}:/opt/ml/input/data/{name}:ro"
+        own, image = host_paths(spec, host), IMAGE_PATHS
+        volumes = [f"{own.config_dir}:{image.config_dir}:ro",
+                   f"{own.output_dir}:{image.output_dir}",
+                   f"{own.model_dir}:{image.model_dir}",
+                   f"{own.checkpoint_dir}:{image.checkpoint_dir}"]
+        volumes += [f"{channel_source(spec, host, name, folder)}:{image.channel(name)}:ro"
                     for name, folder in channels.items()]
         services[host] = {
             "image": spec.image,
@@ -176,16 +172,12 @@ def write_cluster(spec: ClusterSpec) -> Path:
     channels = spec.channels()
     hosts = spec.host_names
     for host in hosts:
-        base = host_dir(spec, host)
-        if base.exists():
-            shutil.rmtree(base)
-        for sub in ("input/config", "output", "model", "checkpoints"):
-            (base / sub).mkdir(parents=True)
-        config = base / "input" / "config"
-        _write_json(config / "resourceconfig.json",
-                    resource_config(host, hosts, spec.interface, spec.instance_type))
-        _write_json(config / "hyperparameters.json", dict(spec.hyperparameters))
-        _write_json(config / "inputdataconfig.json", input_data_config(channels, spec.sharded))
+        job = job_config(spec, host)
+        if job.paths.root.exists():
+            shutil.rmtree(job.paths.root)
+        write_job_config(job)
+        for folder in (job.paths.output_dir, job.paths.model_dir, job.paths.checkpoint_dir):
+            folder.mkdir(parents=True)
     for name in sorted(spec.sharded):
         folder = channels[name]
         files = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
@@ -201,19 +193,15 @@ def write_cluster(spec: ClusterSpec) -> Path:
     return path
 
 
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
-
-
-def read_hyperparameters(path: Path | None, pairs: Sequence[str]) -> dict[str, str]:
-    """SageMaker's string map: the JSON file's values (non-strings json.dumps'ed), then the
-    key=value pairs from the command line, which win."""
-    values: dict[str, str] = {}
+def read_hyperparameters(path: Path | None, pairs: Sequence[str]) -> dict[str, Any]:
+    """The JSON file's hyperparameters, then the key=value pairs from the command line (raw
+    strings), which win."""
+    values: dict[str, Any] = {}
     if path is not None:
         raw = json.loads(path.read_text())
         if not isinstance(raw, dict):
             raise ValueError(f"{path} must hold a JSON object of hyperparameters")
-        values.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()})
+        values.update(raw)
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -232,14 +220,15 @@ class Engine:
 
     @classmethod
     def detect(cls) -> "Engine":
+        """What scripts/engine.sh picks (the one rule, shared with the Makefile and the shell
+        scripts); RuntimeError with its reason when it finds none."""
         script = f"source {REPO / 'scripts' / 'engine.sh'} && echo \"$ENGINE\" && " \
                  "echo \"${CONTAINERS_CONF:-}\""
-        out = subprocess.run(["bash", "-c", script], check=True, capture_output=True,
-                             text=True).stdout.split("\n")
-        env = dict(os.environ)
-        if out[1]:
-            env["CONTAINERS_CONF"] = out[1]
-        return cls(out[0], env)
+        found = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        if found.returncode:
+            raise RuntimeError(found.stderr.strip() or "scripts/engine.sh found no engine")
+        name, conf = found.stdout.split("\n")[:2]
+        return cls(name, {**os.environ, **({"CONTAINERS_CONF": conf} if conf else {})})
 
     def compose_command(self) -> list[str]:
         if self.name == "docker":
@@ -338,10 +327,10 @@ def train(spec: ClusterSpec, project: str, wait_timeout: float) -> int:
 
 def report(spec: ClusterSpec, codes: Mapping[str, int]) -> int:
     for host in spec.host_names:
-        failure = host_dir(spec, host) / "output" / "failure"
+        failure = host_paths(spec, host).failure_file
         reason = f": {failure.read_text().strip()}" if failure.exists() else ""
         print(f"local_cluster: {host} exited {codes.get(host, 'never started')}{reason}")
-    model = host_dir(spec, spec.host_names[0]) / "model"
+    model = host_paths(spec, spec.host_names[0]).model_dir
     if all(code == 0 for code in codes.values()) and len(codes) == spec.hosts:
         print(f"local_cluster: job completed; the model is in {model}")
         return 0
@@ -356,7 +345,7 @@ def serve(image: str, model: Path, port: int) -> int:
         return 1
     engine = Engine.detect()
     argv = [engine.name, "run", "--rm", "-p", f"{port}:8080",
-            "-v", f"{model.resolve()}:/opt/ml/model:ro", image, "serve"]
+            "-v", f"{model.resolve()}:{IMAGE_PATHS.model_dir}:ro", image, "serve"]
     print(f"local_cluster: serving {model} on http://localhost:{port} "
           f"(/ping, /invocations); Ctrl-C stops it", flush=True)
     return subprocess.run(argv, env=dict(engine.env)).returncode

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
+from container.paths import DEFAULT_ML_ROOT
+
 T = TypeVar("T", int, float)
 
 # Batch transform's default concurrency per worker. Enough requests in flight to keep the model
@@ -42,7 +44,7 @@ class ServeConfigError(ValueError):
 class ServeConfig:
     """Everything the server needs to know, validated on construction."""
 
-    ml_root: Path = Path("/opt/ml")
+    ml_root: Path = DEFAULT_ML_ROOT
     port: int = 8080
     workers: int = 1
     threads: int = 64

@@ -29,9 +29,7 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,10 +37,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
+from container.network import free_port
 from scripts.bench.jobs import DataShape, synthetic, write_job, write_npz
-from scripts.bench.launch import PYTHON, REPO, TRAIN, log
+from scripts.bench.launch import PYTHON, TRAIN, log
 from scripts.bench.results import Measurement, Target, median
 from scripts.bench.sizes import Sizes
+from scripts.local_cluster import ClusterSpec, ComposeCluster, Engine, write_cluster
 
 BARE_IMPORT = "import tensorflow, horovod.tensorflow"
 LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -123,12 +123,6 @@ def cluster_data(sizes: Sizes):
 
 
 # ------------------------------------------------------------------------- loopback -----
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def bare_import_seconds(repeats: int, hosts: int = 2) -> list[float]:
     """Wall seconds of `hosts` plain `python -c BARE_IMPORT` processes started together (the
     2-host cluster's ranks import at the same time on this one machine)."""
@@ -195,20 +189,6 @@ def run_loopback(sizes: Sizes, workdir: Path) -> Timeline:
 
 
 # ------------------------------------------------------------------------ containers ----
-def container_engine():
-    """scripts.local_cluster's Engine when an engine answers, else None."""
-    sys.path.insert(0, str(REPO))
-    from scripts.local_cluster import Engine
-
-    try:
-        engine = Engine.detect()
-        engine.run("info", timeout=60)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, FileNotFoundError,
-            IndexError):
-        return None
-    return engine
-
-
 def image_exists(engine, image: str) -> bool:
     return engine.run("image", "inspect", image, check=False, timeout=60).returncode == 0
 
@@ -255,8 +235,6 @@ def bare_import_in_container(engine, image: str, repeats: int, hosts: int = 2) -
 
 
 def run_containers(sizes: Sizes, workdir: Path, engine, image: str) -> Timeline:
-    from scripts.local_cluster import ClusterSpec, ComposeCluster, write_cluster
-
     data_dir = workdir / "cluster-data"
     shutil.rmtree(data_dir, ignore_errors=True)
     write_npz(data_dir / "train", *cluster_data(sizes))
@@ -285,8 +263,8 @@ def run_containers(sizes: Sizes, workdir: Path, engine, image: str) -> Timeline:
 
 
 # ---------------------------------------------------------------------------- measure ---
-def measure(sizes: Sizes, workdir: Path, *, mode: str = "auto",
-            image: str = "localhost/sagemaker-horovod:cpu") -> list[Measurement]:
+def measure(sizes: Sizes, workdir: Path, *, image: str, mode: str = "auto"
+            ) -> list[Measurement]:
     """Startup overhead and teardown rows, from the container cluster when `mode` allows and
     an engine and the image are there, else from two launchers on loopback."""
     if mode not in ("auto", *MODES):
@@ -294,11 +272,12 @@ def measure(sizes: Sizes, workdir: Path, *, mode: str = "auto",
                          f"{', '.join(MODES)}.")
     engine, why = None, ""
     if mode in ("auto", "containers"):
-        engine = container_engine()
-        if engine is None:
-            why = "no container engine answers"
-        elif not image_exists(engine, image):
-            why, engine = f"image {image} not built (make build)", None
+        try:
+            engine = Engine.detect()
+            if not image_exists(engine, image):
+                why, engine = f"image {image} not built (make build)", None
+        except (RuntimeError, subprocess.SubprocessError) as error:
+            why, engine = f"no container engine answers: {error}", None
         if engine is None and mode == "containers":
             raise RuntimeError(f"cannot measure the container cluster: {why}")
     repeats = 3 if sizes.repeats > 1 else 1

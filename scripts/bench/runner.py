@@ -37,6 +37,7 @@ from scripts.bench.launch import PYTHON, REPO, log, run
 from scripts.bench.results import (Measurement, Target, markdown_table, report, text_table,
                                    write_report)
 from scripts.bench.sizes import FULL, TINY, Sizes
+from scripts.local_cluster import DEFAULT_IMAGE
 
 ITEMS = (1, 2, 3, 4, 5, 6)
 NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
@@ -76,7 +77,7 @@ def parse_arguments(argv: list[str] | None) -> BenchConfig:
     parser.add_argument("--results", type=Path, default=REPO / "results")
     parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
     parser.add_argument("--cluster", default="auto", help="auto, containers or loopback")
-    parser.add_argument("--image", default="localhost/sagemaker-horovod:cpu",
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
                         help="the image item 4 runs in containers (make build)")
     parser.add_argument("--mpi-options", default="", help="extra mpirun options")
     args = parser.parse_args(argv)

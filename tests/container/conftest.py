@@ -22,10 +22,9 @@ import pytest
 import yaml
 
 from scripts import local_cluster
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("TEST_IMAGE", "sagemaker-horovod:cpu")
+IMAGE = os.environ.get("TEST_IMAGE", local_cluster.DEFAULT_IMAGE)
 # Compose projects and containers made by these tests; TEST_PREFIX keeps two concurrent test
 # sessions on one machine from sweeping each other's containers.
 PREFIX = os.environ.get("TEST_PREFIX", "smtest")

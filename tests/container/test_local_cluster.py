@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import compose_cluster, free_port, local_cluster, unique
+from conftest import compose_cluster, local_cluster, unique
+from container.network import free_port
 
 pytestmark = pytest.mark.container
 
@@ -22,12 +23,13 @@ ClusterSpec = local_cluster.ClusterSpec
 
 
 # ------------------------------------------------------------------ the compose writer ----
-def test_resource_config_sorts_hosts_and_names_the_interface():
-    config = local_cluster.resource_config("algo-2", ["algo-2", "algo-1"])
-    assert config["current_host"] == "algo-2"
-    assert config["hosts"] == ["algo-1", "algo-2"]
-    assert config["network_interface_name"] == "eth0"
-    assert config["instance_groups"][0]["hosts"] == ["algo-2", "algo-1"]
+def test_each_host_gets_its_own_job_on_the_compose_interface(tmp_path):
+    spec = ClusterSpec(hosts=3, workdir=tmp_path, hyperparameters={"epochs": 3})
+    job = local_cluster.job_config(spec, "algo-2")
+    assert job.resources.current_host == "algo-2"
+    assert job.resources.hosts == ("algo-1", "algo-2", "algo-3")
+    assert job.resources.network_interface_name == "eth0"
+    assert job.paths.root == tmp_path.resolve() / "algo-2"
 
 
 def test_shard_deals_sorted_files_round_robin():
@@ -76,10 +78,14 @@ def test_write_cluster_per_host_trees(tmp_path):
     assert [p.name for p in (work / "algo-2/input/data/train").iterdir()] == ["part-1.csv"]
 
 
-def test_hyperparameters_file_values_become_strings(tmp_path):
+def test_hyperparameters_file_values_are_written_as_sagemaker_strings(tmp_path):
     path = tmp_path / "hp.json"
     path.write_text(json.dumps({"epochs": 3, "lr": 0.1, "model": "mlp", "flag": True}))
-    assert local_cluster.read_hyperparameters(path, ["epochs=5"]) == {
+    spec = ClusterSpec(hosts=1, workdir=tmp_path / "work",
+                       hyperparameters=local_cluster.read_hyperparameters(path, ["epochs=5"]))
+    local_cluster.write_cluster(spec)
+    written = local_cluster.host_paths(spec, "algo-1").hyperparameters
+    assert json.loads(written.read_text()) == {
         "epochs": "5", "lr": "0.1", "model": "mlp", "flag": "true"}
 
 
@@ -101,7 +107,7 @@ def run_job(engine, spec: ClusterSpec, name: str) -> tuple[dict, dict]:
 
 
 def model_files(spec: ClusterSpec, host: str) -> list[str]:
-    model = local_cluster.host_dir(spec, host) / "model"
+    model = local_cluster.host_paths(spec, host).model_dir
     return sorted(str(p.relative_to(model)) for p in model.rglob("*"))
 
 
@@ -160,7 +166,7 @@ def test_killing_a_worker_fails_every_host_naming_it(engine, image, digits, tmp_
         logs = cluster.logs("algo-1")[-3000:]
     assert time.monotonic() - killed <= 65
     assert codes["algo-2"] != 0 and codes["algo-1"] != 0, (codes, logs)
-    failure = local_cluster.host_dir(spec, "algo-1") / "output" / "failure"
+    failure = local_cluster.host_paths(spec, "algo-1").failure_file
     assert failure.exists(), logs
     print(f"algo-1 failure after algo-2 was killed: {failure.read_text()}")
     assert "algo-2" in failure.read_text(), failure.read_text()
@@ -185,7 +191,7 @@ def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, 
         code = cluster.state("algo-2")["ExitCode"]
         logs = cluster.logs("algo-2")[-3000:]
     assert code != 0, logs
-    failure = local_cluster.host_dir(spec, "algo-2") / "output" / "failure"
+    failure = local_cluster.host_paths(spec, "algo-2").failure_file
     assert failure.exists(), logs
     print(f"algo-2 failure, leader {leader}: {failure.read_text()}")
     assert "algo-1" in failure.read_text(), failure.read_text()
@@ -204,7 +210,7 @@ def http(method: str, url: str, body: bytes | None = None, headers=None, timeout
 def test_serve_answers_with_the_model_of_the_compose_job(engine, image, digits, two_host_job):
     spec, codes, _ = two_host_job
     assert codes.get("algo-1") == 0, "the 2-host job failed; nothing to serve"
-    model = local_cluster.host_dir(spec, "algo-1") / "model"
+    model = local_cluster.host_paths(spec, "algo-1").model_dir
     port, name = free_port(), unique("serve")
     engine.run("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8080",
                "-v", f"{model}:/opt/ml/model:ro", image, "serve")
