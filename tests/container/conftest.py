@@ -116,7 +116,3 @@ def compose_cluster(engine, spec, name: str, edit=None) -> Iterator["local_clust
                           check=False).stdout.split()
         if left:
             engine.run("rm", "-f", *left, check=False)
-
-
-def all_logs(cluster) -> dict[str, str]:
-    return {host: cluster.logs(host) for host in cluster.containers()}
