@@ -56,11 +56,11 @@ def validate_hyperparameters(raw: Mapping[str, Any],
                                   {**script, PROGRAM_KEY: program})
     trainer, unknown = parse(TrainerConfig, user, allow_unknown=True)
     if unknown:
-        raise unknown_names(unknown)
+        raise _unknown_names(unknown)
     return JobHyperparameters(launch, "", user, ignored, trainer)
 
 
-def unknown_names(unknown: Mapping[str, Any]) -> ConfigError:
+def _unknown_names(unknown: Mapping[str, Any]) -> ConfigError:
     valid = sorted(names(TrainerConfig)) + sorted(names(LaunchConfig))
     hints = [f"{close[0]} for {key}" for key in sorted(unknown)
              for close in [difflib.get_close_matches(key, valid, n=1)] if close]

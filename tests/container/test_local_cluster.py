@@ -89,6 +89,13 @@ def test_hyperparameters_file_values_are_written_as_sagemaker_strings(tmp_path):
         "epochs": "5", "lr": "0.1", "model": "mlp", "flag": "true"}
 
 
+def test_an_unsupported_engine_choice_is_refused_with_the_valid_ones(monkeypatch):
+    monkeypatch.setenv("CONTAINER_ENGINE", "lxc")
+    with pytest.raises(RuntimeError, match="CONTAINER_ENGINE=lxc is not supported. Choose "
+                                           "between docker, podman."):
+        local_cluster.Engine.detect()
+
+
 # ------------------------------------------------------------------------ real clusters ---
 def job_spec(tmp_path: Path, image: str, digits: Path, hosts: int, **hyperparameters) -> ClusterSpec:
     values = {"epochs": "3", "processes_per_host": "1", "learning_rate": "0.002",
