@@ -270,9 +270,8 @@ def test_a_missing_model_is_reported_and_the_server_stays_up(tmp_path):
         answer = wait_for(failed, "/ping reporting the failed load")
         assert answer.status_code == 503
         assert answer.json()["error"] == (
-            f"the model failed to load: no model to serve: {tmp_path}/model/metadata.json does "
-            f"not exist. The server serves what the trainer exported into {tmp_path}/model "
-            "(metadata.json and the SavedModel it names)")
+            f"the model failed to load: no model to serve: {tmp_path}/model does not exist; "
+            "SageMaker unpacks the model artifact (model.tar.gz) there")
         assert server.answer("GET", "/ping").status_code == 503  # still up, still saying why
         assert "the model cannot be served, /ping stays 503" in server.log.read_text()
     finally:
