@@ -25,6 +25,7 @@ starting while the import, which takes seconds, is still running in the loading 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from pathlib import Path
@@ -79,6 +80,38 @@ def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
         "train.distributed.export(model)")
 
 
+def horovod_op_library() -> Path | None:
+    """Horovod's TensorFlow op library, when Horovod is installed (found without importing it:
+    horovod.tensorflow imports Keras and Horovod's MPI setup)."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0], "tensorflow").glob("mpi_lib*.so"))
+    return found[0] if found else None
+
+
+def _register_horovod_ops(tf, path: Path) -> None:
+    """Let TensorFlow load a SavedModel that uses Horovod's own ops.
+
+    A script's plain model.save keeps the optimizer, Horovod's DistributedOptimizer, whose
+    functions use ops that only Horovod's op library registers; TensorFlow refuses to load a
+    SavedModel with an op it does not know, even though serving never runs them. So when the
+    SavedModel's function library names any, the library is loaded (this image has Horovod).
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((path / SAVED_MODEL_FILE).read_bytes())
+    if any(node.op.startswith("Horovod") for graph in proto.meta_graphs
+           for function in graph.graph_def.library.function for node in function.node_def):
+        library = horovod_op_library()
+        if library is None:
+            raise ModelLoadError(f"{path} uses Horovod's ops (model.save kept the "
+                                 "DistributedOptimizer) and Horovod is not installed; save with "
+                                 "include_optimizer=False or train.distributed.export")
+        tf.load_op_library(str(library))
+
+
 def _spec(name: str, shape, dtype) -> TensorSpec:
     dtype = np.dtype(dtype.as_numpy_dtype)
     if dtype.kind not in SUPPORTED_KINDS:
@@ -118,14 +151,17 @@ class Model:
         metadata = ModelMetadata.read(self.model_dir)
         path = find_saved_model(self.model_dir, metadata)
         import tensorflow as tf  # here, not at the top: see the module docstring
+        from google.protobuf import message
 
         # TensorFlow takes all of a GPU's memory by default, which would leave nothing for a
         # second worker (SAGEMAKER_MODEL_SERVER_WORKERS > 1) on the same GPU.
         for gpu in tf.config.list_physical_devices("GPU"):
             tf.config.experimental.set_memory_growth(gpu, True)
         try:
+            _register_horovod_ops(tf, path)
             loaded = tf.saved_model.load(str(path))
-        except (OSError, ValueError, ImportError, tf.errors.OpError) as error:
+        except (OSError, ValueError, ImportError, tf.errors.OpError,
+                message.DecodeError) as error:
             raise ModelLoadError(f"{path} is not a loadable SavedModel: {error}") from error
         self._saved_model = loaded
         signature = loaded.signatures.get(SIGNATURE)

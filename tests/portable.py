@@ -16,6 +16,8 @@ import json, sys
 sys.modules["keras"] = sys.modules["tf_keras"] = None  # importing Keras now fails
 import numpy as np
 import tensorflow as tf
+for library in sys.argv[3:]:
+    tf.load_op_library(library)
 signature = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
 (name, spec), = signature.structured_input_signature[1].items()
 rows = np.load(sys.argv[2])
@@ -25,10 +27,12 @@ print(json.dumps({"input": [name, spec.shape.as_list(), spec.dtype.name],
 """
 
 
-def call_savedmodel(path: Path, rows: np.ndarray, scratch: Path) -> dict:
-    """{"input": [name, shape, dtype], "outputs": {name: values}} from a Keras-free process."""
+def call_savedmodel(path: Path, rows: np.ndarray, scratch: Path, *op_libraries: str) -> dict:
+    """{"input": [name, shape, dtype], "outputs": {name: values}} from a Keras-free process
+    that imports only TensorFlow, after loading `op_libraries` (custom ops' .so files)."""
     np.save(scratch / "rows.npy", rows)
-    result = subprocess.run([sys.executable, "-c", PROGRAM, str(path), str(scratch / "rows.npy")],
+    result = subprocess.run([sys.executable, "-c", PROGRAM, str(path), str(scratch / "rows.npy"),
+                             *op_libraries],
                             capture_output=True, text=True, timeout=300,
                             env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-3000:]
