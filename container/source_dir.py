@@ -57,20 +57,33 @@ def prepare(job: JobConfig) -> None:
     launch, _, _ = split_hyperparameters(job.hyperparameters)
     program = launch.program or os.environ.get("SAGEMAKER_PROGRAM", "")
     code_dir = job.paths.code_dir
-    print(f"launcher: fetching the submit directory {uri} into {code_dir}", flush=True)
-    staging = code_dir.with_name(f".{code_dir.name}-staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        unpack(uri, staging, region(job))
-        replace_contents(code_dir, staging)
-    finally:
+    local = local_source(uri)
+    if local is not None and local.resolve() == code_dir.resolve():
+        # SageMaker local mode mounts a local source_dir at /opt/ml/code and names it here.
+        print(f"launcher: the submit directory {uri} is the code folder itself", flush=True)
+    else:
+        print(f"launcher: fetching the submit directory {uri} into {code_dir}", flush=True)
+        staging = code_dir.with_name(f".{code_dir.name}-staging-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            unpack(uri, staging, region(job))
+            replace_contents(code_dir, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     if program and not (code_dir / program).is_file():
         raise ConfigError(f"script mode: program {program!r} is not in submit directory {uri}; "
                           "fix sagemaker_program (the SDK's entry_point) or add the file to "
                           "source_dir")
     install_requirements(code_dir, uri)
+
+
+def local_source(uri: str) -> Path | None:
+    """The path a file:// URI or plain path names; None for a remote URI."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(uri) if parsed.scheme == "" else None
 
 
 def unpack(uri: str, destination: Path, region_name: str | None) -> None:
@@ -83,10 +96,10 @@ def unpack(uri: str, destination: Path, region_name: str | None) -> None:
         finally:
             archive.unlink(missing_ok=True)
         return
-    if parsed.scheme not in ("", "file"):
+    source = local_source(uri)
+    if source is None:
         raise ConfigError(f"submit directory {uri!r}: scheme {parsed.scheme!r} is not "
                           "supported; use s3://, file:// or a path in the container")
-    source = Path(unquote(parsed.path) if parsed.scheme == "file" else uri)
     if source.is_dir():
         shutil.copytree(source, destination, dirs_exist_ok=True, symlinks=True)
     elif source.is_file():

@@ -4,6 +4,7 @@ fetches and installs exactly as a real launch does, then prints the plan) agains
 API server on loopback."""
 
 import io
+import shutil
 import json
 import os
 import subprocess
@@ -182,3 +183,18 @@ def test_a_requirement_that_fails_to_install(make_job, source):
     (source / "requirements.txt").write_text("--no-index\nsm11-no-such-package==1.0\n")
     expect_config_error(job(make_job, str(source)), "pip could not install requirements.txt",
                         "sm11-no-such-package")
+
+
+def test_the_code_folder_itself_as_in_local_mode(make_job, source):
+    """SageMaker local mode mounts source_dir at /opt/ml/code and names that folder."""
+    root = make_job({"sagemaker_program": "train.py"})
+    shutil.copytree(source, root / "code")
+    (root / "code" / "requirements.txt").write_text("--no-index\nsm11-no-such-package==1.0\n")
+    values = {"sagemaker_submit_directory": json.dumps(f"file://{root / 'code'}")}
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(
+        {**json.loads((root / "input" / "config" / "hyperparameters.json").read_text()),
+         **values}))
+    result = dry_run(root)
+    assert "is the code folder itself" in result.stdout
+    assert (root / "code" / "train.py").read_text() == SCRIPT  # left in place, not emptied
+    assert result.returncode == 2 and "sm11-no-such-package" in result.stderr  # still installed
