@@ -214,6 +214,8 @@ def test_example_user_script_trains(make_script_job):
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     assert (root / "model" / "model" / "1" / "saved_model.pb").exists()
+    metadata = json.loads((root / "model" / "metadata.json").read_text())  # distributed.export
+    assert (metadata["model_path"], metadata["classes"]) == ("model/1", list(range(10)))
     assert len(json.loads((root / "output" / "data" / "history.json").read_text())["loss"]) == 2
 
 
