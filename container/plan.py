@@ -21,6 +21,7 @@ from container.errors import ConfigError
 from container.hyperparameters import decode, parse
 from container.launch_config import LaunchConfig, split_hyperparameters
 from container.sagemaker_config import JobConfig
+from container.source_dir import submit_directory
 from container.sshd import SshFiles, ssh_client_args
 from train.batching import BatchPlan, plan_batches
 from train.hyperparameters import TrainerConfig
@@ -172,8 +173,12 @@ def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
             raise ConfigError(f"script mode: program {program!r} is outside "
                               f"{job.paths.code_dir}; give a path relative to that folder")
         if not script.is_file():
-            raise ConfigError(f"script mode: program {program!r} not found at {script}; put "
-                              f"it under {job.paths.code_dir} or fix sagemaker_program")
+            origin = submit_directory(launch, environ)
+            raise ConfigError(
+                f"script mode: program {program!r} is not in submit directory {origin}; fix "
+                "sagemaker_program (the SDK's entry_point) or add the file to source_dir"
+                if origin else f"script mode: program {program!r} not found at {script}; put "
+                f"it under {job.paths.code_dir} or fix sagemaker_program")
         args = script_arguments(user)
         rank_command = [python, "-m", "mpi4py", "-m", "train.script_runner", str(script), *args]
     else:

@@ -16,7 +16,10 @@ first, so a failed download or a bad archive leaves no half-unpacked code behind
 members that would land outside the folder (absolute paths, `..`, links out) are refused by
 tarfile's `data` filter. The toolkit's own `files.download_and_extract` is not used: it unpacks
 without such a filter, only into an empty folder, and its errors name neither the URI nor the
-fix. Every failure is a ConfigError (exit code 2) naming the URI or the package to fix.
+fix. Every failure is a ConfigError (exit code 2) naming the URI or the package to fix (a
+`sagemaker_program` missing from it is reported by the launch plan, naming the URI too). The
+code folder named as its own submit directory (SageMaker local mode mounts a local source_dir
+there) is used in place.
 """
 
 from __future__ import annotations
@@ -27,20 +30,20 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from container.errors import ConfigError
 from container.hyperparameters import decode
-from container.launch_config import split_hyperparameters
+from container.launch_config import LaunchConfig, split_hyperparameters
 from container.sagemaker_config import JobConfig
 
 REQUIREMENTS = "requirements.txt"
 
 
-def submit_directory(job: JobConfig) -> str:
+def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
     """The job's submit directory URI, "" when it has none."""
-    launch, _, _ = split_hyperparameters(job.hyperparameters)
-    return launch.submit_directory or os.environ.get("SAGEMAKER_SUBMIT_DIRECTORY", "")
+    return launch.submit_directory or environ.get("SAGEMAKER_SUBMIT_DIRECTORY", "")
 
 
 def region(job: JobConfig) -> str | None:
@@ -51,11 +54,10 @@ def region(job: JobConfig) -> str | None:
 
 def prepare(job: JobConfig) -> None:
     """Fetch, unpack and install the submit directory into the code folder, if the job has one."""
-    uri = submit_directory(job)
+    launch, _, _ = split_hyperparameters(job.hyperparameters)
+    uri = submit_directory(launch, os.environ)
     if not uri:
         return
-    launch, _, _ = split_hyperparameters(job.hyperparameters)
-    program = launch.program or os.environ.get("SAGEMAKER_PROGRAM", "")
     code_dir = job.paths.code_dir
     local = local_source(uri)
     if local is not None and local.resolve() == code_dir.resolve():
@@ -71,10 +73,6 @@ def prepare(job: JobConfig) -> None:
             replace_contents(code_dir, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    if program and not (code_dir / program).is_file():
-        raise ConfigError(f"script mode: program {program!r} is not in submit directory {uri}; "
-                          "fix sagemaker_program (the SDK's entry_point) or add the file to "
-                          "source_dir")
     install_requirements(code_dir, uri)
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_digits
 
+from serve.metadata import ModelMetadata
+
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "build" / "default-job"
 
 
@@ -80,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     train = Path(sys.executable).with_name("train")
     code = subprocess.call([str(train), "--ml-root", str(args.ml_root)])
-    metadata = args.ml_root / "model" / "metadata.json"
-    if code == 0 and metadata.exists():
-        metrics = json.loads(metadata.read_text())["final_metrics"]
+    metadata = ModelMetadata.read(args.ml_root / "model")
+    if code == 0 and metadata is not None:
+        metrics = metadata.info["final_metrics"]
         print(f"default job: validation accuracy {metrics.get('val_accuracy', float('nan')):.4f}"
               f", model written to {args.ml_root / 'model'}")
     else:

@@ -121,3 +121,15 @@ def test_a_model_that_is_not_a_classifier_returns_its_outputs(model_dir):
                          headers={"Accept": "text/csv"})
     np.testing.assert_allclose(np.loadtxt(answer.get_data(as_text=True).splitlines(),
                                           delimiter=",", ndmin=2), expected, rtol=1e-5)
+
+
+def test_metadata_written_is_read_back_unchanged(tmp_path):
+    """The one ModelMetadata: what the exporter writes is what the server reads."""
+    written = ModelMetadata(model_path="model/1", input_shape=(8, 8, 1), classes=("a", 2),
+                            info={"final_metrics": {"accuracy": 0.5}, "tensorflow": "2.15.1"})
+    written.write(tmp_path)
+    assert ModelMetadata.read(tmp_path) == written
+    regressor = ModelMetadata(classes=None)
+    regressor.write(tmp_path)
+    assert ModelMetadata.read(tmp_path) == regressor
+    assert ModelMetadata.read(tmp_path / "nowhere") is None
