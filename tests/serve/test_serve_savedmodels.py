@@ -176,3 +176,18 @@ def test_batch_answers_have_one_line_per_record_and_no_trailing_newline(tf, tmp_
     for accept in ("text/csv", "application/jsonlines"):
         status, body = post(client, "1,2,3\n0,-1,0.5\n", "text/csv", accept)
         assert status == 200 and not body.endswith("\n") and len(body.split("\n")) == 2, body
+
+
+def test_an_integer_input_takes_whole_numbers_only(tf, tmp_path):
+    """Token ids: an int32 input (its dtype from the signature), looked up in an embedding."""
+    ids = tf.keras.Input((3,), dtype="int32", name="ids")
+    embedding = tf.keras.layers.Embedding(5, 1, name="lookup")
+    model = tf.keras.Model(ids, tf.keras.layers.Flatten()(embedding(ids)))
+    embedding.set_weights([np.arange(5, dtype=np.float32).reshape(5, 1) * 10])
+    model.save(str(tmp_path / "model" / "tokens" / "1"))
+    client = serve(tmp_path / "model")
+    assert post(client, {"instances": [{"ids": [4, 0, 2]}]}) == \
+        (200, json.dumps({"predictions": [[40.0, 0.0, 20.0]]}))
+    status, body = post(client, {"instances": [[1, 2.5, 3]]})
+    assert (status, json.loads(body)["error"]) == (
+        400, "instance 0 has a value at position [1] that is not representable as int32")
