@@ -13,8 +13,7 @@ requirements.txt; this launcher does the same, once per host, before mpirun:
 
 The code folder's contents are replaced by the submit directory's: unpacked in a staging folder
 first, so a failed download or a bad archive leaves no half-unpacked code behind. Archive
-members that would land outside the folder (absolute paths, `..`, links out) are refused by
-tarfile's `data` filter. The toolkit's own `files.download_and_extract` is not used: it unpacks
+members that would land outside the folder (absolute paths, `..`, links out) are refused. The toolkit's own `files.download_and_extract` is not used: it unpacks
 without such a filter, only into an empty folder, and its errors name neither the URI nor the
 fix. Every failure is a ConfigError (exit code 2) naming the URI or the package to fix (a
 `sagemaker_program` missing from it is reported by the launch plan, naming the URI too). The
@@ -130,6 +129,28 @@ def download_s3(bucket: str, key: str, target: Path, region_name: str | None, ur
                           "job's credentials, region and network access to S3") from None
 
 
+def safe_members(tar: tarfile.TarFile, destination: Path, uri: str) -> list[tarfile.TarInfo]:
+    """The archive's members, refusing any that would write outside `destination` (absolute
+    or `..` paths, links pointing out) or that are not files, folders or links (devices).
+    What tarfile's `data` filter does on Python 3.11.4+; the image's Python is older."""
+    root = destination.resolve()
+    members = tar.getmembers()
+    for member in members:
+        target = (root / member.name).resolve()
+        escapes = member.name.startswith("/") or not target.is_relative_to(root)
+        if member.issym() or member.islnk():
+            base = target.parent if member.issym() else root
+            escapes |= member.linkname.startswith("/") or \
+                not (base / member.linkname).resolve().is_relative_to(root)
+        if escapes or not (member.isfile() or member.isdir() or member.issym()
+                           or member.islnk()):
+            raise ConfigError(f"submit directory {uri!r} cannot be unpacked: member "
+                              f"{member.name!r} would land outside the code folder or is not a "
+                              "file, folder or link; repack it as a .tar.gz of the source folder")
+        member.mode &= 0o777  # no setuid, setgid or sticky bits from an archive
+    return members
+
+
 def extract(archive: Path, destination: Path, uri: str) -> None:
     if not tarfile.is_tarfile(archive):
         raise ConfigError(f"submit directory {uri!r} is not a tar archive (.tar.gz); pack "
@@ -137,7 +158,7 @@ def extract(archive: Path, destination: Path, uri: str) -> None:
                           "SDK pack source_dir")
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(destination, filter="data")
+            tar.extractall(destination, members=safe_members(tar, destination, uri))
     except (tarfile.TarError, OSError, EOFError) as error:
         raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {error}; repack "
                           "it as a .tar.gz of the source folder") from None

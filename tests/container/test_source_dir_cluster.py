@@ -10,10 +10,13 @@ import json
 import tarfile
 
 import numpy as np
+import pytest
 from conftest import compose_cluster, http, local_cluster, serving
 
 from tests.s3_server import write_wheel
 from tests.training.test_sdk_flow import SCRIPT
+
+pytestmark = pytest.mark.container
 
 ARCHIVE = "/mnt/source/sourcedir.tar.gz"
 

@@ -198,3 +198,20 @@ def test_the_code_folder_itself_as_in_local_mode(make_job, source):
     assert "is the code folder itself" in result.stdout
     assert (root / "code" / "train.py").read_text() == SCRIPT  # left in place, not emptied
     assert result.returncode == 2 and "sm11-no-such-package" in result.stderr  # still installed
+
+
+@pytest.mark.parametrize("name, kind, link", [
+    ("/tmp/sm11-absolute.py", tarfile.REGTYPE, ""),
+    ("link", tarfile.SYMTYPE, "../../outside"),
+    ("hard", tarfile.LNKTYPE, "/etc/passwd"),
+    ("device", tarfile.CHRTYPE, ""),
+])
+def test_archive_members_that_are_refused(make_job, tmp_path, name, kind, link):
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        member = tarfile.TarInfo(name)
+        member.type, member.linkname = kind, link
+        tar.addfile(member, io.BytesIO(b""))
+    root = job(make_job, str(archive))
+    expect_config_error(root, f"cannot be unpacked: member {name!r} would land outside")
+    assert not any((root / "code").glob("*"))
