@@ -50,7 +50,7 @@ def test_a_source_dir_job_in_two_containers_then_serve(engine, image, digits, tm
     assert codes == {"algo-1": 0, "algo-2": 0}, everything
     for host in ("algo-1", "algo-2"):
         assert f"fetching the submit directory file://{ARCHIVE}" in logs[host], everything
-        assert "Successfully installed sm11_settings-1.0" in logs[host], everything
+        assert "Successfully installed sm11-settings-1.0" in logs[host], everything
     model = local_cluster.host_dir(spec, "algo-1") / "model"
     assert (model / "model" / "saved_model.pb").is_file() and not (model / "metadata.json").exists()
 
