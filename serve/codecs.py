@@ -13,7 +13,7 @@ i + 1.
 |                       | {"inputs": [...] or {name: [...]}} columnar,    | {"outputs": ...}         |
 |                       | or a bare [...] of instances                    | {"predictions": [...]}   |
 | text/csv              | one instance per line, no header                | one line each            |
-| application/jsonlines | one JSON array per line                         | one JSON value each      |
+| application/jsonlines | one instance per line, as in "instances"        | one JSON value each      |
 | application/x-npy     | an .npy array (never unpickled)                 | the outputs              |
 
 As TensorFlow Serving answers: one output is given without its name; several are an object
@@ -201,9 +201,10 @@ def _rows(instances: Any) -> np.ndarray | dict[str, np.ndarray]:
 
 
 def _decode_jsonlines(body: bytes, charset: str | None) -> Decoded:
-    return Decoded(_instances_to_array([
-        _json(line, f"instance {index} (line {index + 1})")
-        for index, line in enumerate(_lines(_text(body, charset)))]))
+    """One instance per line, as in the "instances" list: an array, or an object of named
+    inputs."""
+    return Decoded(_rows([_json(line, f"instance {index} (line {index + 1})")
+                          for index, line in enumerate(_lines(_text(body, charset)))]))
 
 
 def _describe_bad_row(rows: list[list[str]]) -> str:

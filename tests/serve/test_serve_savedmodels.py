@@ -143,6 +143,13 @@ def test_named_inputs_in_the_row_format(multi):
         {"b_scaled": [1.0, 1.0, 1.0], "total": [8.5]}]}
 
 
+def test_named_inputs_in_json_lines(multi):
+    body = "\n".join(json.dumps({"a": a, "b": b}) for a, b in zip(A, B))
+    status, answer = post(multi, body, "application/jsonlines", "application/jsonlines")
+    assert (status, answer) == (200, '{"b_scaled": [2.0, 0.0, -2.0], "total": [3.0]}\n'
+                                     '{"b_scaled": [1.0, 1.0, 1.0], "total": [8.5]}')
+
+
 def test_named_inputs_in_the_columnar_format(multi):
     status, body = post(multi, {"inputs": {"a": A, "b": B}, "signature_name": "serving_default"})
     assert status == 200, body
