@@ -72,12 +72,15 @@ def test_a_file_uri_of_a_tar_gz(make_job, source, tmp_path):
     assert_fetched(root, dry_run(root))
 
 
+@pytest.mark.parametrize("endpoint_variable", ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"])
 def test_an_s3_object_through_the_endpoint_and_region_of_the_job(make_job, source, tmp_path,
-                                                                   s3_server):
+                                                                   s3_server, endpoint_variable):
     uri = s3_server.upload("sm11-jobs", "job-1/source/sourcedir.tar.gz",
                            pack(source, tmp_path / "sourcedir.tar.gz"))
     root = job(make_job, uri, sagemaker_region=json.dumps("eu-west-1"))
-    assert_fetched(root, dry_run(root, s3_server.environment()))
+    env = s3_server.environment()
+    env[endpoint_variable] = env.pop("AWS_ENDPOINT_URL_S3")
+    assert_fetched(root, dry_run(root, env))
 
 
 def test_the_environment_variable_and_requirements_installed_once(make_job, source, tmp_path):
