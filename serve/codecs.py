@@ -37,14 +37,13 @@ from typing import Any, Callable
 import numpy as np
 
 from serve.errors import BadInput, NotAcceptable, UnsupportedContentType
-from serve.signature import ModelInterface
+from serve.signature import SIGNATURE, ModelInterface
 
 JSON = "application/json"
 CSV = "text/csv"
 JSONLINES = "application/jsonlines"
 NPY = "application/x-npy"
 MEDIA_TYPES = (JSON, CSV, JSONLINES, NPY)  # order of preference when the client has none
-SIGNATURE = "serving_default"  # the one signature served, as TensorFlow Serving's default
 
 
 @dataclass(frozen=True)

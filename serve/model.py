@@ -35,12 +35,12 @@ import numpy as np
 
 from serve.errors import ModelLoadError, ModelUnavailable
 from serve.metadata import METADATA_FILE, ModelMetadata
-from serve.signature import SUPPORTED_KINDS, ModelInterface, TensorSpec, pack_outputs
+from serve.signature import (SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec,
+                             pack_outputs)
 
 log = logging.getLogger(__name__)
 
 SAVED_MODEL_FILE = "saved_model.pb"
-SIGNATURE = "serving_default"
 
 
 def _latest_version(folder: Path) -> Path | None:

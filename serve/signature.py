@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 SUPPORTED_KINDS = "iuf"  # integers and floats: what JSON, CSV and .npy requests carry
+SIGNATURE = "serving_default"  # the signature served, TensorFlow Serving's default
 
 
 @dataclass(frozen=True)

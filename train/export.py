@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from serve.metadata import SAVEDMODEL_PATH, ModelMetadata
+from serve.signature import SIGNATURE
 from train.plot import history_png
 
 INPUT_NAME = "inputs"
@@ -68,7 +69,7 @@ def export_model(model: tf.keras.Model, model_dir: Path, *,
     # layer can be), so saving skips re-tracing every layer's call (1.3-1.8 s -> 0.2-0.3 s at
     # the end of every job); only the one serving signature is traced.
     model.save(str(temporary), save_format="tf", include_optimizer=False, save_traces=False,
-               signatures={"serving_default": serving_signature(model)})
+               signatures={SIGNATURE: serving_signature(model)})
     _replace_dir(temporary, final)
     shape = tuple(model.inputs[0].shape[1:])
     ModelMetadata(model_path=SAVEDMODEL_PATH,
