@@ -199,11 +199,11 @@ def _rows(instances: Any) -> np.ndarray | dict[str, np.ndarray]:
     return _instances_to_array(instances)
 
 
-def _decode_jsonlines(body: bytes, charset: str | None) -> Decoded:
+def _decode_jsonlines(body: bytes, charset: str | None) -> np.ndarray | dict[str, np.ndarray]:
     """One instance per line, as in the "instances" list: an array, or an object of named
     inputs."""
-    return Decoded(_rows([_json(line, f"instance {index} (line {index + 1})")
-                          for index, line in enumerate(_lines(_text(body, charset)))]))
+    return _rows([_json(line, f"instance {index} (line {index + 1})")
+                  for index, line in enumerate(_lines(_text(body, charset)))])
 
 
 def _describe_bad_row(rows: list[list[str]]) -> str:
@@ -221,15 +221,15 @@ def _describe_bad_row(rows: list[list[str]]) -> str:
     return "the rows do not form a table of numbers"
 
 
-def _decode_csv(body: bytes, charset: str | None) -> Decoded:
+def _decode_csv(body: bytes, charset: str | None) -> np.ndarray:
     rows = [line.split(",") for line in _lines(_text(body, charset))]
     try:
-        return Decoded(np.array(rows, dtype=np.float64))  # float32's range is checked in validation
+        return np.array(rows, dtype=np.float64)  # float32's range is checked in validation
     except (ValueError, OverflowError):
         raise BadInput(_describe_bad_row(rows)) from None
 
 
-def _decode_npy(body: bytes, charset: str | None) -> Decoded:
+def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
     """Read an .npy array without ever unpickling, and only as many bytes as the body holds.
 
     np.load would unpickle object arrays when allowed, and np.lib.format.read_array allocates
@@ -254,11 +254,11 @@ def _decode_npy(body: bytes, charset: str | None) -> Decoded:
     if len(data) != expected:
         raise BadInput(f"the .npy header declares shape {list(shape)} of {dtype} "
                        f"({expected} bytes), but {len(data)} bytes of data follow it")
-    return Decoded(np.frombuffer(data, dtype=dtype).reshape(
-        shape, order="F" if fortran_order else "C"))
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
-Decoder = Callable[[bytes, "str | None"], Decoded]
+# JSON's decoder says more (named inputs, the columnar form); the others give the instances.
+Decoder = Callable[[bytes, "str | None"], "Decoded | np.ndarray | dict[str, np.ndarray]"]
 _DECODERS: dict[str, Decoder] = {JSON: _decode_json, CSV: _decode_csv,
                                  JSONLINES: _decode_jsonlines, NPY: _decode_npy}
 
@@ -272,7 +272,8 @@ def decode(body: bytes, mimetype: str, charset: str | None) -> Decoded:
             f"{', '.join(MEDIA_TYPES)}")
     if not body:
         raise BadInput("the request body is empty: send at least one instance")
-    return decoder(body, charset)
+    decoded = decoder(body, charset)
+    return decoded if isinstance(decoded, Decoded) else Decoded(decoded)
 
 
 def _records(outputs: np.ndarray, interface: ModelInterface) -> list:
