@@ -31,6 +31,11 @@ class LaunchConfig:
         "", "Script mode: a Python file under /opt/ml/code to run on every rank instead of "
         "the built-in trainer (also read from SAGEMAKER_PROGRAM).",
         aliases=("sagemaker_program",))
+    submit_directory: str = hp(
+        "", "The SDK's source_dir: an s3:// or file:// URI or a path of a .tar.gz or a folder, "
+        "unpacked into /opt/ml/code on every host (its requirements.txt installed) before any "
+        "rank starts (also read from SAGEMAKER_SUBMIT_DIRECTORY).",
+        aliases=("sagemaker_submit_directory",))
     host_timeout: float = hp(
         600.0, "Seconds for every host name to resolve and every worker to become ready; "
         "then the job fails naming the hosts that never answered.", minimum=1.0,

@@ -24,6 +24,7 @@ from container.hyperparameters import decode
 from container.job_hyperparameters import validate_hyperparameters
 from container.launch_config import LaunchConfig
 from container.sagemaker_config import JobConfig
+from container.source_dir import submit_directory
 from container.sshd import SshFiles, ssh_client_args
 from train.batching import BatchPlan, plan_batches
 from train.rank_job import RankJob
@@ -173,10 +174,17 @@ def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
     args: tuple[str, ...] = ()
     if settings.program:
         script = job.paths.code_dir / settings.program
+        if not script.resolve().is_relative_to(job.paths.code_dir.resolve()):
+            raise ConfigError(f"script mode: program {settings.program!r} is outside "
+                              f"{job.paths.code_dir}; give a path relative to that folder")
         if not script.is_file():
-            raise ConfigError(f"script mode: program {settings.program!r} not found at "
-                              f"{script}; put it under {job.paths.code_dir} or fix "
-                              "sagemaker_program")
+            origin = submit_directory(launch, environ)
+            raise ConfigError(
+                f"script mode: program {settings.program!r} is not in submit directory "
+                f"{origin}; fix sagemaker_program (the SDK's entry_point) or add the file to "
+                "source_dir" if origin else
+                f"script mode: program {settings.program!r} not found at {script}; put it "
+                f"under {job.paths.code_dir} or fix sagemaker_program")
         args = script_arguments(settings.user)
         rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script)
         rank_command = [python, "-m", "mpi4py", "-m", "train.script_runner", str(script), *args]

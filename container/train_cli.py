@@ -42,7 +42,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from container import network, sshd
+from container import network, source_dir, sshd
 from container.coordination import Leader, follow_leader
 from container.errors import TrainError
 from container.failure import write_failure
@@ -85,6 +85,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     runtime = Path(tempfile.gettempdir()) / f"train-job-{os.getpid()}"
     try:
         job = read_job_config(paths)
+        source_dir.prepare(job)
         plan = make_plan(job, gpu_count=count_gpus(), python=sys.executable, runtime=runtime,
                          environ=os.environ)
         if dry_run:

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from container.network import free_port
+from serve.metadata import SAVEDMODEL_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCIES = (1, 8, 32)
@@ -207,7 +208,7 @@ def measure_server(name: str, command: list[str], env: dict[str, str], port: int
 def measure_in_process(model_dir: Path, rows: np.ndarray, duration_s: float) -> list[Result]:
     import tensorflow as tf
 
-    model = tf.keras.models.load_model(str(model_dir / "model"), compile=False)
+    model = tf.keras.models.load_model(str(model_dir / SAVEDMODEL_PATH), compile=False)
     forward = tf.function(lambda batch: model(batch, training=False),
                           input_signature=[tf.TensorSpec((None, rows.shape[1]), tf.float32)])
     ways = {PREDICT: lambda batch: model.predict(batch, verbose=0),
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
     model_dir = args.ml_root.resolve() / "model"
     if args.baseline_server:
-        run_baseline_server(args.baseline_server, str(model_dir / "model"))
+        run_baseline_server(args.baseline_server, str(model_dir / SAVEDMODEL_PATH))
         return
     ensure_model(args.ml_root.resolve())
     from sklearn.datasets import load_digits

@@ -12,7 +12,6 @@ built-in trainer. Ends with the accuracy and where the model was written.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from sklearn.datasets import load_digits
 
 from container.paths import MlPaths
 from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
+from serve.metadata import ModelMetadata
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "build" / "default-job"
 DIGITS_CHANNELS = {name: Channel(name, "text/csv") for name in ("train", "validation")}
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     train = Path(sys.executable).with_name("train")
     code = subprocess.call([str(train), "--ml-root", str(args.ml_root)])
-    metadata = args.ml_root / "model" / "metadata.json"
-    if code == 0 and metadata.exists():
-        metrics = json.loads(metadata.read_text())["final_metrics"]
+    metadata = ModelMetadata.read(args.ml_root / "model")
+    if code == 0 and metadata is not None:
+        metrics = metadata.info["final_metrics"]
         print(f"default job: validation accuracy {metrics.get('val_accuracy', float('nan')):.4f}"
               f", model written to {args.ml_root / 'model'}")
     else:

@@ -8,8 +8,10 @@ Modules, in the order a request meets them:
   codecs      request bodies -> arrays, outputs -> response bodies, Accept negotiation
   validation  instance shape and finiteness, checked per request
   batching    the micro-batcher that lets concurrent requests share a model call
-  model       loading, warm-up and the forward pass (the only module importing TensorFlow)
-  metadata    the model directory's metadata.json
+  signature   the model's named inputs and outputs, as requests are checked against them
+  model       finding, loading, warm-up and the forward pass (the only module importing
+              TensorFlow)
+  metadata    the model directory's metadata.json, written by the trainer, read here
   errors      request errors, each with its HTTP status
   logs        JSON log lines
 """

@@ -55,11 +55,12 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher) -> Flas
         model.check_ready()
         with batcher.arriving():
             media_type = negotiate(request.headers.get("Accept"))
-            instances = decode(request.get_data(cache=False), request.mimetype,
-                               request.mimetype_params.get("charset"))
-            batch = validate(instances, model.metadata)
+            decoded = decode(request.get_data(cache=False), request.mimetype,
+                             request.mimetype_params.get("charset"))
+            batch = validate(decoded.inputs, model.interface)
         outputs = batcher.submit(batch, timeout_s=config.timeout_s)
-        return Response(encode(outputs, model.metadata, media_type), mimetype=media_type)
+        return Response(encode(outputs, model.interface, media_type, columnar=decoded.columnar),
+                        mimetype=media_type)
 
     @app.get("/execution-parameters")
     def execution_parameters() -> dict:

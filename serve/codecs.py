@@ -1,20 +1,27 @@
 """Request bodies to arrays and model outputs to response bodies, one pair per media type.
 
-Decoders turn a body into a numeric array whose first axis is the instances, and report where
-the body stops making sense ("instance 3 (line 4), value 2: 'abc' is not a number"); whether
-that array fits the model is `serve.validation`'s business. Instances are numbered from 0 in
-request order; in CSV and JSON Lines instance i is on line i + 1.
+Decoders turn a body into numeric arrays whose first axis is the instances (one array, or one
+per named input), and report where the body stops making sense ("instance 3 (line 4), value 2:
+'abc' is not a number"); whether they fit the model is `serve.validation`'s business.
+Instances are numbered from 0 in request order; in CSV and JSON Lines instance i is on line
+i + 1.
 
-| media type            | request body                                 | response body          |
-| --------------------- | -------------------------------------------- | ---------------------- |
-| application/json      | {"instances": [...]}, {"inputs": [...]}, [...] | {"predictions": [...]} |
-| text/csv              | one instance per line, no header             | one line each          |
-| application/jsonlines | one JSON array per line                      | one object each        |
-| application/x-npy     | an .npy array (never unpickled)              | the outputs            |
+| media type            | request body                                    | response body            |
+| --------------------- | ----------------------------------------------- | ------------------------ |
+| application/json      | TensorFlow Serving's: {"instances": [...]} rows | {"predictions": [...]}   |
+|                       | (objects of named inputs for several inputs),   |                          |
+|                       | {"inputs": [...] or {name: [...]}} columnar,    | {"outputs": ...}         |
+|                       | or a bare [...] of instances                    | {"predictions": [...]}   |
+| text/csv              | one instance per line, no header                | one line each            |
+| application/jsonlines | one instance per line, as in "instances"        | one JSON value each      |
+| application/x-npy     | an .npy array (never unpickled)                 | the outputs              |
 
-A classifier's prediction is `{"class": label, "probabilities": [...]}` in JSON and JSON Lines
-and `label,p0,p1,...` in CSV; other models' outputs are returned as they are. An .npy
-response holds the raw output array (probabilities in the order of metadata.json's classes).
+As TensorFlow Serving answers: one output is given without its name; several are an object
+per instance (rows) or an object of named columns (columnar). A classifier's prediction is
+`{"class": label, "probabilities": [...]}` in JSON and JSON Lines and `label,p0,p1,...` in
+CSV. An .npy response holds the raw output array (probabilities in the order of
+metadata.json's classes). CSV and JSON Lines answers end without a newline: batch transform
+joins the answers of a MultiRecord request's records with its own separator.
 """
 
 from __future__ import annotations
@@ -24,18 +31,28 @@ import functools
 import io
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from serve.errors import BadInput, NotAcceptable, UnsupportedContentType
-from serve.metadata import ModelMetadata
+from serve.signature import SIGNATURE, ModelInterface
 
 JSON = "application/json"
 CSV = "text/csv"
 JSONLINES = "application/jsonlines"
 NPY = "application/x-npy"
 MEDIA_TYPES = (JSON, CSV, JSONLINES, NPY)  # order of preference when the client has none
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A request's instances: one array whose first axis is the instances, or one per named
+    input; `columnar` when a JSON request used the "inputs" form, answered with "outputs"."""
+
+    inputs: np.ndarray | dict[str, np.ndarray]
+    columnar: bool = False
 
 
 def _quality(media_type: str, ranges: list[tuple[str, float]]) -> float:
@@ -135,26 +152,58 @@ def _instances_to_array(instances: list) -> np.ndarray:
     return array
 
 
-def _decode_json(body: bytes, charset: str | None) -> np.ndarray:
+def _named_rows(instances: list) -> dict[str, np.ndarray]:
+    """Row-format instances that are objects of named inputs, as one array per name."""
+    names = instances[0].keys()
+    for index, instance in enumerate(instances):
+        if not isinstance(instance, dict) or instance.keys() != names:
+            raise BadInput(f"instance {index} does not name the same inputs as instance 0 "
+                           f"({', '.join(names)}); send every instance as an object of them")
+    return {name: _instances_to_array([instance[name] for instance in instances])
+            for name in names}
+
+
+def _decode_json(body: bytes, charset: str | None) -> Decoded:
+    """TensorFlow Serving's request forms: {"instances": [...]} (rows; for several named inputs,
+    each row an object of them), {"inputs": ...} (columnar: a list, or an object of named
+    lists), an optional "signature_name", and a bare list of instances."""
     document = _json(_text(body, charset), "the body")
-    if isinstance(document, dict):
-        keys = [key for key in ("instances", "inputs") if key in document]
-        if len(keys) != 1:
-            raise BadInput('a JSON object body needs exactly one of the keys "instances" or '
-                           f'"inputs", got keys {sorted(document)[:10]}')
-        document = document[keys[0]]
-        if isinstance(document, dict):
-            raise BadInput(f'"{keys[0]}" holds named inputs, but the model has one input: '
-                           "send a list of instances")
-    if not isinstance(document, list):
-        raise BadInput(f"expected a list of instances, got a JSON {type(document).__name__}")
-    return _instances_to_array(document)
+    if not isinstance(document, dict):
+        return Decoded(_rows(document))
+    signature = document.get("signature_name", SIGNATURE)
+    if signature != SIGNATURE:
+        raise BadInput(f"signature_name {signature!r} is not served; this model is served "
+                       f"through {SIGNATURE!r}")
+    keys = [key for key in ("instances", "inputs") if key in document]
+    unknown = sorted(set(document) - {"instances", "inputs", "signature_name"})
+    if len(keys) != 1 or unknown:
+        raise BadInput('a JSON object body needs exactly one of the keys "instances" or '
+                       f'"inputs" (and optionally "signature_name"), got keys '
+                       f'{sorted(document)[:10]}')
+    if keys == ["instances"]:
+        return Decoded(_rows(document["instances"]))
+    inputs = document["inputs"]
+    if isinstance(inputs, dict):
+        if not inputs:
+            raise BadInput('"inputs" names no input')
+        return Decoded({name: _instances_to_array(value) if isinstance(value, list)
+                        else np.array(value) for name, value in inputs.items()}, columnar=True)
+    return Decoded(_rows(inputs), columnar=True)
 
 
-def _decode_jsonlines(body: bytes, charset: str | None) -> np.ndarray:
-    return _instances_to_array([
-        _json(line, f"instance {index} (line {index + 1})")
-        for index, line in enumerate(_lines(_text(body, charset)))])
+def _rows(instances: Any) -> np.ndarray | dict[str, np.ndarray]:
+    if not isinstance(instances, list):
+        raise BadInput(f"expected a list of instances, got a JSON {type(instances).__name__}")
+    if instances and isinstance(instances[0], dict):
+        return _named_rows(instances)
+    return _instances_to_array(instances)
+
+
+def _decode_jsonlines(body: bytes, charset: str | None) -> np.ndarray | dict[str, np.ndarray]:
+    """One instance per line, as in the "instances" list: an array, or an object of named
+    inputs."""
+    return _rows([_json(line, f"instance {index} (line {index + 1})")
+                  for index, line in enumerate(_lines(_text(body, charset)))])
 
 
 def _describe_bad_row(rows: list[list[str]]) -> str:
@@ -208,13 +257,14 @@ def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
-Decoder = Callable[[bytes, "str | None"], np.ndarray]
+# JSON's decoder says more (named inputs, the columnar form); the others give the instances.
+Decoder = Callable[[bytes, "str | None"], "Decoded | np.ndarray | dict[str, np.ndarray]"]
 _DECODERS: dict[str, Decoder] = {JSON: _decode_json, CSV: _decode_csv,
                                  JSONLINES: _decode_jsonlines, NPY: _decode_npy}
 
 
-def decode(body: bytes, mimetype: str, charset: str | None) -> np.ndarray:
-    """The instances in `body`, as an array with one row per instance."""
+def decode(body: bytes, mimetype: str, charset: str | None) -> Decoded:
+    """The instances in `body`: one array with a row per instance, or one per named input."""
     decoder = _DECODERS.get(mimetype)
     if decoder is None:
         raise UnsupportedContentType(
@@ -222,46 +272,75 @@ def decode(body: bytes, mimetype: str, charset: str | None) -> np.ndarray:
             f"{', '.join(MEDIA_TYPES)}")
     if not body:
         raise BadInput("the request body is empty: send at least one instance")
-    return decoder(body, charset)
+    decoded = decoder(body, charset)
+    return decoded if isinstance(decoded, Decoded) else Decoded(decoded)
 
 
-def _records(outputs: np.ndarray, metadata: ModelMetadata) -> list:
-    if metadata.classes is None:
+def _records(outputs: np.ndarray, interface: ModelInterface) -> list:
+    """One JSON value per instance: the raw output (an object of named outputs when there are
+    several), or a classifier's label and probabilities."""
+    if outputs.dtype.names:
+        return [{name: outputs[name][index].tolist() for name in outputs.dtype.names}
+                for index in range(len(outputs))]
+    if interface.classes is None:
         return outputs.tolist()
-    return [{"class": metadata.classes[index], "probabilities": probabilities}
+    return [{"class": interface.classes[index], "probabilities": probabilities}
             for index, probabilities in zip(outputs.argmax(axis=1).tolist(), outputs.tolist())]
 
 
-def _encode_json(outputs: np.ndarray, metadata: ModelMetadata) -> bytes:
-    return json.dumps({"predictions": _records(outputs, metadata)}).encode()
+def _encode_json(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+    """Rows answer {"predictions": [one value per instance]}; TensorFlow Serving answers a
+    columnar request with {"outputs": ...}, an object of named outputs when there are several."""
+    if not columnar:
+        return json.dumps({"predictions": _records(outputs, interface)}).encode()
+    if outputs.dtype.names:
+        return json.dumps({"outputs": {name: outputs[name].tolist()
+                                       for name in outputs.dtype.names}}).encode()
+    return json.dumps({"outputs": _records(outputs, interface)}).encode()
 
 
-def _encode_jsonlines(outputs: np.ndarray, metadata: ModelMetadata) -> bytes:
-    return "".join(json.dumps(record) + "\n" for record in _records(outputs, metadata)).encode()
+def _encode_jsonlines(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+    """One line per instance, with no newline after the last: batch transform's
+    AssembleWith=Line adds the separator itself, so a trailing one would become a blank line."""
+    return "\n".join(json.dumps(record) for record in _records(outputs, interface)).encode()
 
 
-def _encode_csv(outputs: np.ndarray, metadata: ModelMetadata) -> bytes:
+def _flat(outputs: np.ndarray) -> np.ndarray:
+    if outputs.dtype.names:
+        return np.concatenate([outputs[name].reshape(len(outputs), -1)
+                               for name in outputs.dtype.names], axis=1)
+    return outputs.reshape(len(outputs), -1)
+
+
+def _encode_csv(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+    """One line per instance (several outputs side by side), no newline after the last."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    flat = outputs.reshape(len(outputs), -1).tolist()
-    if metadata.classes is None:
+    flat = _flat(outputs).tolist()
+    if interface.classes is None:
         writer.writerows(flat)
     else:
         labels = outputs.argmax(axis=1).tolist()
-        writer.writerows([metadata.classes[label], *row] for label, row in zip(labels, flat))
-    return text.getvalue().encode()
+        writer.writerows([interface.classes[label], *row] for label, row in zip(labels, flat))
+    return text.getvalue().removesuffix("\n").encode()
 
 
-def _encode_npy(outputs: np.ndarray, metadata: ModelMetadata) -> bytes:
+def _encode_npy(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+    if outputs.dtype.names:
+        raise NotAcceptable(f"an .npy answer holds one array, but the model has "
+                            f"{len(outputs.dtype.names)} outputs "
+                            f"({', '.join(outputs.dtype.names)}); accept application/json")
     buffer = io.BytesIO()
     np.save(buffer, outputs, allow_pickle=False)
     return buffer.getvalue()
 
 
-_ENCODERS: dict[str, Callable[[np.ndarray, ModelMetadata], bytes]] = {
+_ENCODERS: dict[str, Callable[[np.ndarray, ModelInterface, bool], bytes]] = {
     JSON: _encode_json, CSV: _encode_csv, JSONLINES: _encode_jsonlines, NPY: _encode_npy}
 
 
-def encode(outputs: np.ndarray, metadata: ModelMetadata, mimetype: str) -> bytes:
-    """The response body for `outputs` in `mimetype`, one of MEDIA_TYPES."""
-    return _ENCODERS[mimetype](outputs, metadata)
+def encode(outputs: np.ndarray, interface: ModelInterface, mimetype: str, *,
+           columnar: bool = False) -> bytes:
+    """The response body for `outputs` in `mimetype`, one of MEDIA_TYPES; `columnar` when the
+    request used JSON's "inputs" form."""
+    return _ENCODERS[mimetype](outputs, interface, columnar)

@@ -1,19 +1,28 @@
-"""The model directory's metadata.json: what the server must know before it loads any weights.
+"""The model directory's metadata.json: the one definition of its names and format, written by
+the exporter (train.export) and read by the server.
 
-The trainer writes it next to the SavedModel, e.g.
-`{"format": "keras-savedmodel", "model_path": "model", "input_shape": [64],
-  "input_dtype": "float32", "task": "classification", "classes": [0, 1, ..., 9],
-  "output": "probabilities"}`. `input_shape` is one instance's shape, without the batch
-dimension; `classes` are the labels in the order of the model's output columns. Keys the
-server does not use are ignored, so the trainer may add informational ones. Every problem is
-reported as a `ModelLoadError` that names the key and what it should hold.
+    {"format": "keras-savedmodel", "model_path": "model/1", "input_shape": [64],
+     "input_dtype": "float32", "task": "classification", "classes": [0, 1, ..., 9],
+     "output": "probabilities", "final_metrics": {...}, "tensorflow": "2.15.1"}
+
+`model_path` is the SavedModel folder relative to the model directory (the exporter writes a
+TensorFlow Serving version folder, model/1; older exports wrote model). `input_shape` is one
+instance's shape, without the batch dimension: the server takes shapes and dtypes from the
+SavedModel's signature, so it is informational there, like `input_dtype`. `classes` are a
+classifier's labels in the order of the model's output columns; a model whose task is not
+classification has none and its outputs are returned as they are. Other keys are
+informational (`info`): written, never read by the server. The file is optional: without it the server finds the SavedModel by its
+layout (serve.model). Every problem is a `ModelLoadError` that names the key and what it
+should hold.
+
+This module imports neither TensorFlow nor Flask: the trainer and the server both use it.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +30,64 @@ from serve.errors import ModelLoadError
 
 FORMAT = "keras-savedmodel"
 METADATA_FILE = "metadata.json"
+SAVEDMODEL_PATH = "model/1"  # TensorFlow Serving's <name>/<version> layout
+_KNOWN = {"format", "model_path", "input_shape", "task", "classes", "output"}
 
 
 @dataclass(frozen=True)
 class ModelMetadata:
-    """The served model's interface: where it is, what one instance looks like, what it says."""
+    """What metadata.json says about the model next to it."""
 
-    model_path: Path
-    input_shape: tuple[int, ...]
-    classes: tuple[Any, ...] | None  # None: not a classifier, outputs are returned as they are
+    model_path: str = SAVEDMODEL_PATH
+    input_shape: tuple[int, ...] | None = None
+    classes: tuple[Any, ...] | None = None  # None: not a classifier, outputs are returned as they are
+    info: dict[str, Any] = field(default_factory=dict)  # informational keys, e.g. final_metrics
 
-    @property
-    def input_size(self) -> int:
-        """Values in one instance: the length of a flat CSV row."""
-        return math.prod(self.input_shape)
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"format": FORMAT, "model_path": self.model_path}
+        if self.input_shape is not None:
+            document["input_shape"] = list(self.input_shape)
+        if self.classes is None:
+            document["task"] = "regression"
+        else:
+            document.update(task="classification", classes=list(self.classes),
+                            output="probabilities")
+        return {**document, **{k: v for k, v in self.info.items() if k not in _KNOWN}}
+
+    def write(self, model_dir: Path) -> Path:
+        """Write `<model_dir>/metadata.json` under a temporary name, then rename it in place."""
+        path = model_dir / METADATA_FILE
+        temporary = path.with_name(f".tmp-{METADATA_FILE}-{os.getpid()}")
+        temporary.write_text(json.dumps(self.to_json(), indent=2, default=float))
+        os.replace(temporary, path)
+        return path
+
+    @classmethod
+    def read(cls, model_dir: Path) -> ModelMetadata | None:
+        """Read and check `<model_dir>/metadata.json`; None when there is none."""
+        path = model_dir / METADATA_FILE
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise ModelLoadError(f"{path} cannot be read as JSON: {error}") from None
+        if not isinstance(document, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object, got {type(document).__name__}")
+        if document.get("format", FORMAT) != FORMAT:
+            raise ModelLoadError(f"{METADATA_FILE}: format {document.get('format')!r} is not "
+                                 f"supported; expected {FORMAT!r}")
+        model_path = document.get("model_path", "model")
+        if not isinstance(model_path, str) or not model_path:
+            raise ModelLoadError(f"{METADATA_FILE}: model_path must be a path relative to "
+                                 f"{model_dir}, got {model_path!r}")
+        shape = document.get("input_shape")
+        return cls(model_path=model_path, input_shape=None if shape is None else _shape(shape),
+                   classes=_classes(document),
+                   info={k: v for k, v in document.items() if k not in _KNOWN})
 
 
-def _input_shape(value: Any) -> tuple[int, ...]:
+def _shape(value: Any) -> tuple[int, ...]:
     if (not isinstance(value, list) or not value
             or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)):
         raise ModelLoadError(f"{METADATA_FILE}: input_shape must be a non-empty list of "
@@ -46,8 +96,7 @@ def _input_shape(value: Any) -> tuple[int, ...]:
 
 
 def _classes(document: dict) -> tuple[Any, ...] | None:
-    task = document.get("task", "classification")
-    if task != "classification":
+    if document.get("task", "classification") != "classification":
         return None
     classes = document.get("classes")
     if not isinstance(classes, list) or not classes:
@@ -58,31 +107,3 @@ def _classes(document: dict) -> tuple[Any, ...] | None:
         raise ModelLoadError(f"{METADATA_FILE}: output {output!r} is not supported for a "
                              "classifier; expected \"probabilities\"")
     return tuple(classes)
-
-
-def read_metadata(model_dir: Path) -> ModelMetadata:
-    """Read and check `<model_dir>/metadata.json`."""
-    path = model_dir / METADATA_FILE
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(
-            f"no model to serve: {path} does not exist. The server serves what the trainer "
-            f"exported into {model_dir} (metadata.json and the SavedModel it names)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ModelLoadError(f"{path} cannot be read as JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise ModelLoadError(f"{path} must hold a JSON object, got {type(document).__name__}")
-    if document.get("format") != FORMAT:
-        raise ModelLoadError(f"{METADATA_FILE}: format {document.get('format')!r} is not "
-                             f"supported; expected {FORMAT!r}")
-    if document.get("input_dtype", "float32") != "float32":
-        raise ModelLoadError(f"{METADATA_FILE}: input_dtype {document['input_dtype']!r} is not "
-                             "supported; expected \"float32\"")
-    model_path = document.get("model_path", "model")
-    if not isinstance(model_path, str) or not model_path:
-        raise ModelLoadError(f"{METADATA_FILE}: model_path must be a path relative to "
-                             f"{model_dir}, got {model_path!r}")
-    return ModelMetadata(model_path=model_dir / model_path,
-                         input_shape=_input_shape(document.get("input_shape")),
-                         classes=_classes(document))

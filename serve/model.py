@@ -1,23 +1,31 @@
 """The served model: `load()` it, then `predict()` batches once it is `ready`.
 
-Loading means: read metadata.json, load the Keras SavedModel, wrap its forward pass in one
-traced `tf.function` and run one real prediction. Only after that warm-up is the model ready:
-the first call of a Keras model builds its graph, which takes far longer than a request may,
-and SageMaker must not route traffic to an endpoint that would answer it that slowly.
+Which SavedModel: the one metadata.json names (`model_path`), else the one the model directory
+holds in any layout a TensorFlow model arrives in, as TensorFlow Serving finds it:
+  /opt/ml/model/saved_model.pb                   the directory itself
+  /opt/ml/model/<version>/saved_model.pb         TF Serving's base path
+  /opt/ml/model/<name>/<version>/saved_model.pb  SageMaker's TF Serving layout (the exporter's)
+  /opt/ml/model/<name>/saved_model.pb            a script's model.save(SM_MODEL_DIR/<name>)
+The highest numeric version wins; several differently named models are refused, naming them.
+
+How it is called: through its `serving_default` signature (input names, shapes and dtypes from
+the signature; outputs by name), which any SavedModel consumer uses. A Keras SavedModel saved
+without one (save_traces=False, as this image's exports before the signature was added) is
+rebuilt by Keras and its forward pass traced once. Either way `predict` calls one concrete
+function, not `keras.Model.predict`, which builds a tf.data pipeline and callbacks on every call
+(milliseconds even for one row), nor the revived Keras model eagerly (layer by layer from
+Python, several times slower). After loading, one real prediction warms the model up; only
+then is it ready: SageMaker must not route traffic to an endpoint that would answer slowly.
 
 TensorFlow is imported inside `load()`, not at module import, for two reasons: the gunicorn
 master imports this package and must never initialise TensorFlow before forking (its thread
 pools do not survive a fork), and a worker must answer /ping with 503 within milliseconds of
 starting while the import, which takes seconds, is still running in the loading thread.
-
-`predict` calls the concrete function traced for any batch size, not `keras.Model.predict`,
-which builds a tf.data pipeline and callbacks on every call (milliseconds even for one row),
-nor the revived Keras model eagerly (layer by layer from Python, several times slower), nor
-the `tf.function` wrapper, whose argument dispatch costs a third of a small model's call.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from pathlib import Path
@@ -26,18 +34,103 @@ from typing import Callable
 import numpy as np
 
 from serve.errors import ModelLoadError, ModelUnavailable
-from serve.metadata import ModelMetadata, read_metadata
+from serve.metadata import METADATA_FILE, ModelMetadata
+from serve.signature import (SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec,
+                             pack_outputs)
 
 log = logging.getLogger(__name__)
 
+SAVED_MODEL_FILE = "saved_model.pb"
+
+
+def _latest_version(folder: Path) -> Path | None:
+    """`folder` if it holds a SavedModel, else its highest numeric version that does."""
+    if (folder / SAVED_MODEL_FILE).is_file():
+        return folder
+    versions = [child for child in folder.iterdir() if child.name.isdigit()
+                and (child / SAVED_MODEL_FILE).is_file()] if folder.is_dir() else []
+    return max(versions, key=lambda child: int(child.name), default=None)
+
+
+def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
+    """The SavedModel folder to serve (see the module docstring for the layouts)."""
+    if metadata is not None:
+        named = model_dir / metadata.model_path
+        if not named.is_dir():
+            raise ModelLoadError(f"the SavedModel directory {named} named by {METADATA_FILE} "
+                                 "model_path does not exist")
+        return _latest_version(named) or named
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"no model to serve: {model_dir} does not exist; SageMaker unpacks "
+                             "the model artifact (model.tar.gz) there")
+    found = _latest_version(model_dir)
+    if found:
+        return found
+    named = {child.name: path for child in sorted(model_dir.iterdir())
+             if child.is_dir() and (path := _latest_version(child))}
+    if len(named) == 1:
+        return next(iter(named.values()))
+    if named:
+        raise ModelLoadError(f"{model_dir} holds several models ({', '.join(named)}); keep one, "
+                             f"or add a {METADATA_FILE} whose model_path names the one to serve")
+    raise ModelLoadError(
+        f"no model to serve: {model_dir} holds no TensorFlow SavedModel ({SAVED_MODEL_FILE} in "
+        f"it, in <version>/, <name>/ or <name>/<version>/) and no {METADATA_FILE}; save the "
+        "model with model.save(os.path.join(os.environ['SM_MODEL_DIR'], 'model')) or "
+        "train.distributed.export(model)")
+
+
+def horovod_op_library() -> Path | None:
+    """Horovod's TensorFlow op library, when Horovod is installed (found without importing it:
+    horovod.tensorflow imports Keras and Horovod's MPI setup)."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0], "tensorflow").glob("mpi_lib*.so"))
+    return found[0] if found else None
+
+
+def _register_horovod_ops(tf, path: Path) -> None:
+    """Let TensorFlow load a SavedModel that uses Horovod's own ops.
+
+    A script's plain model.save keeps the optimizer, Horovod's DistributedOptimizer, whose
+    functions use ops that only Horovod's op library registers; TensorFlow refuses to load a
+    SavedModel with an op it does not know, even though serving never runs them. So when the
+    SavedModel's function library names any, the library is loaded (this image has Horovod).
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((path / SAVED_MODEL_FILE).read_bytes())
+    if any(node.op.startswith("Horovod") for graph in proto.meta_graphs
+           for function in graph.graph_def.library.function for node in function.node_def):
+        library = horovod_op_library()
+        if library is None:
+            raise ModelLoadError(f"{path} uses Horovod's ops (model.save kept the "
+                                 "DistributedOptimizer) and Horovod is not installed; save with "
+                                 "include_optimizer=False or train.distributed.export")
+        tf.load_op_library(str(library))
+
+
+def _spec(name: str, shape, dtype) -> TensorSpec:
+    dtype = np.dtype(dtype.as_numpy_dtype)
+    if dtype.kind not in SUPPORTED_KINDS:
+        raise ModelLoadError(f"input {name!r} has dtype {dtype}; the server feeds numeric "
+                             "inputs only (JSON, CSV and .npy numbers)")
+    if shape.rank is None or shape.rank == 0:
+        raise ModelLoadError(f"input {name!r} has shape {shape}; the server needs a batch "
+                             "dimension first")
+    return TensorSpec(name, tuple(shape.as_list()[1:]), dtype)
+
 
 class Model:
-    """One Keras model loaded from a model directory; safe to query from any thread."""
+    """One TensorFlow model loaded from a model directory; safe to query from any thread."""
 
     def __init__(self, model_dir: Path):
         self.model_dir = model_dir
-        self.metadata: ModelMetadata | None = None
-        self._forward: Callable[[np.ndarray], np.ndarray] | None = None
+        self.interface: ModelInterface | None = None
+        self._call: Callable[[dict[str, np.ndarray]], dict] | None = None
+        self._saved_model = None  # kept alive: the signature's variables belong to it
         self._failure: str | None = None
         self._loaded = threading.Event()
 
@@ -55,43 +148,78 @@ class Model:
 
     def load(self) -> None:
         """Load, trace and warm up the model; raise ModelLoadError saying what is wrong."""
-        metadata = read_metadata(self.model_dir)
-        if not metadata.model_path.is_dir():
-            raise ModelLoadError(f"the SavedModel directory {metadata.model_path} named by "
-                                 "metadata.json model_path does not exist")
+        metadata = ModelMetadata.read(self.model_dir)
+        path = find_saved_model(self.model_dir, metadata)
         import tensorflow as tf  # here, not at the top: see the module docstring
+        from google.protobuf import message
 
         # TensorFlow takes all of a GPU's memory by default, which would leave nothing for a
         # second worker (SAGEMAKER_MODEL_SERVER_WORKERS > 1) on the same GPU.
         for gpu in tf.config.list_physical_devices("GPU"):
             tf.config.experimental.set_memory_growth(gpu, True)
         try:
-            keras_model = tf.keras.models.load_model(str(metadata.model_path), compile=False)
-        except (OSError, ValueError, ImportError, tf.errors.OpError) as error:
-            raise ModelLoadError(f"{metadata.model_path} is not a loadable Keras SavedModel: "
-                                 f"{error}") from error
-        spec = tf.TensorSpec((None, *metadata.input_shape), tf.float32)
-        forward = tf.function(lambda batch: keras_model(batch, training=False),
-                              input_signature=[spec]).get_concrete_function()
-        self._forward = lambda batch: forward(tf.convert_to_tensor(batch)).numpy()
-        self.metadata = metadata
+            _register_horovod_ops(tf, path)
+            loaded = tf.saved_model.load(str(path))
+        except (OSError, ValueError, ImportError, tf.errors.OpError,
+                message.DecodeError) as error:
+            raise ModelLoadError(f"{path} is not a loadable SavedModel: {error}") from error
+        self._saved_model = loaded
+        signature = loaded.signatures.get(SIGNATURE)
+        inputs, outputs = self._from_signature(signature) if signature is not None \
+            else self._from_keras(tf, path, metadata)
+        self.interface = ModelInterface(inputs=inputs, outputs=outputs,
+                                        classes=metadata.classes if metadata else None)
         self._warm_up()
         self._loaded.set()
 
-    def _warm_up(self) -> None:
-        metadata = self.metadata
+    def _from_signature(self, signature) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+        specs = signature.structured_input_signature[1]
+        inputs = tuple(_spec(name, spec.shape, spec.dtype) for name, spec in sorted(specs.items()))
+        self._call = lambda feed: signature(**feed)
+        return inputs, tuple(sorted(signature.structured_outputs))
+
+    def _from_keras(self, tf, path: Path, metadata: ModelMetadata | None
+                    ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+        """A Keras SavedModel without a serving signature: the Keras model's own inputs."""
         try:
-            outputs = self._forward(np.zeros((1, *metadata.input_shape), np.float32))
+            keras_model = tf.keras.models.load_model(str(path), compile=False)
+        except (OSError, ValueError, ImportError, tf.errors.OpError) as error:
+            raise ModelLoadError(f"{path} has no {SIGNATURE} signature and is not a loadable "
+                                 f"Keras SavedModel: {error}") from error
+        specs = [tf.TensorSpec(t.shape, t.dtype, name) for t, name in
+                 zip(keras_model.inputs, keras_model.input_names)]
+        if len(specs) == 1 and metadata and metadata.input_shape:  # the trainer's own exports
+            specs = [tf.TensorSpec((None, *metadata.input_shape), tf.float32, specs[0].name)]
+        names = list(keras_model.output_names)
+        forward = tf.function(
+            lambda feed: dict(zip(names, tf.nest.flatten(keras_model(
+                [feed[s.name] for s in specs] if len(specs) > 1 else feed[specs[0].name],
+                training=False)))),
+            input_signature=[{s.name: s for s in specs}]).get_concrete_function()
+        self._call = forward
+        return tuple(_spec(s.name, s.shape, s.dtype) for s in specs), tuple(names)
+
+    def _warm_up(self) -> None:
+        interface = self.interface
+        zeros = {spec.name: np.zeros((1, *[d or 1 for d in spec.shape]), spec.dtype)
+                 for spec in interface.inputs}
+        try:
+            outputs = self._run(zeros)
         except Exception as error:  # any failure of the model's own graph
             raise ModelLoadError(f"the warm-up prediction failed: {error}") from error
-        if metadata.classes is not None and outputs.shape != (1, len(metadata.classes)):
+        if interface.classes is not None and (
+                len(interface.outputs) != 1 or outputs.shape != (1, len(interface.classes))):
             raise ModelLoadError(
                 f"the model outputs shape {list(outputs.shape[1:])} per instance, but "
-                f"metadata.json lists {len(metadata.classes)} classes")
+                f"{METADATA_FILE} lists {len(interface.classes)} classes")
+
+    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        outputs = self._call(feed)
+        return pack_outputs({name: outputs[name].numpy() for name in self.interface.outputs})
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        """The model's outputs for a validated float32 batch of shape (n, *input_shape)."""
-        return self._forward(batch)
+        """The model's outputs for a validated batch (see serve.signature)."""
+        return self._run(self.interface.feed(batch))
 
     def load_in_background(self) -> threading.Thread:
         """Start `load()` in a daemon thread; a failure is logged and kept for /ping."""
@@ -110,6 +238,4 @@ class Model:
             self._failure = f"{type(error).__name__}: {error}"
             log.exception("loading the model failed, /ping stays 503")
         else:
-            log.info("model ready: input shape %s, %s", list(self.metadata.input_shape),
-                     f"{len(self.metadata.classes)} classes" if self.metadata.classes
-                     else "raw outputs")
+            log.info("model ready: %s", self.interface.describe())

@@ -8,22 +8,29 @@
         tf.keras.optimizers.Adam(distributed.scale_learning_rate(1e-3)))
     model.compile(optimizer=optimizer, loss=..., metrics=[...])
     model.fit(x, y, callbacks=distributed.callbacks(), verbose=distributed.verbose())
-    if distributed.is_leader():
-        model.save(os.path.join(os.environ["SM_MODEL_DIR"], "model"))
+    distributed.export(model, classes=class_names)       # rank 0: SavedModel + metadata.json
 
 `callbacks()` broadcasts rank 0's initial weights, averages the epoch metrics over ranks and
 stops every rank together when the job is asked to stop (SIGTERM on SageMaker), so a script
 that uses it ends cleanly within SageMaker's grace period. The built-in trainer uses the same
 start-up, optimizer (one micro-batch per step) and stop callback; it accumulates micro-batches
-in its own training step instead (train/accumulation.py says why).
+in its own training step instead (train/accumulation.py says why). `export` writes the model
+as the built-in trainer does; a script that calls model.save(SM_MODEL_DIR/...) instead is
+served too, as raw outputs with no class labels.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
+from container.paths import MlPaths
 from train.callbacks import StopOnRequest
+from train.export import export_model
 from train.runtime import start_horovod
 
 
@@ -72,3 +79,15 @@ def callbacks(*, accumulation_steps: int = 1) -> list[tf.keras.callbacks.Callbac
     return [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
             hvd.callbacks.MetricAverageCallback(),
             StopOnRequest(accumulation_steps)]
+
+
+def export(model: tf.keras.Model, *, classes: Sequence[Any] | None = None,
+           model_dir: str | os.PathLike | None = None) -> Path | None:
+    """On rank 0, write `model` for serving as the built-in trainer does: a portable SavedModel
+    (serving_default signature) in <model_dir>/model/1 and metadata.json, with `classes` the
+    labels of a classifier's output columns (None: outputs are served raw). `model_dir` is
+    SM_MODEL_DIR by default. Other ranks write nothing and get None."""
+    if hvd.rank() != 0:
+        return None
+    target = Path(model_dir or os.environ.get("SM_MODEL_DIR") or MlPaths().model_dir)
+    return export_model(model, target, classes=classes)

@@ -1,9 +1,14 @@
 """What rank 0 leaves behind: the model for the inference server, and the training history.
 
-/opt/ml/model/model/        Keras SavedModel (no optimizer: the server only predicts)
-/opt/ml/model/metadata.json input shape, classes and format, read by `serve`
+/opt/ml/model/model/1/       a portable TensorFlow SavedModel (no optimizer: it only predicts)
+/opt/ml/model/metadata.json  its classes and format (serve.metadata.ModelMetadata)
 /opt/ml/output/data/history.json and history.png   the per-epoch curves
-Each is written under a temporary name and renamed into place, so a kill never leaves a
+
+The SavedModel carries a `serving_default` signature with one named input, `inputs` (batch
+dimension None), and one output, `outputs`: TensorFlow Serving, SageMaker's TensorFlow Serving
+container (which loads <name>/<version>/) and `tf.saved_model.load` in a process that never
+imports Keras can all call it. It is still a Keras SavedModel, so Keras can rebuild it too.
+Each file is written under a temporary name and renamed into place, so a kill never leaves a
 half-written model for SageMaker to upload.
 """
 
@@ -13,13 +18,16 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Sequence
 
 import tensorflow as tf
 
+from serve.metadata import SAVEDMODEL_PATH, ModelMetadata
+from serve.signature import SIGNATURE
 from train.plot import history_png
 
-MODEL_FOLDER = "model"
-METADATA = "metadata.json"
+INPUT_NAME = "inputs"
+OUTPUT_NAME = "outputs"
 
 
 def _replace_dir(temporary: Path, final: Path) -> None:
@@ -38,18 +46,38 @@ def _write_json(path: Path, value: dict) -> None:
     os.replace(temporary, path)
 
 
-def export_model(model: tf.keras.Model, model_dir: Path, metadata: dict) -> Path:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    temporary = model_dir / f".tmp-{MODEL_FOLDER}-{os.getpid()}"
+def serving_signature(model: tf.keras.Model) -> tf.types.experimental.ConcreteFunction:
+    """`serving_default`: the model's forward pass on a batch of any size."""
+    if len(model.inputs) != 1:
+        raise ValueError(f"export() writes models with one input; this one has "
+                         f"{len(model.inputs)}: save it with model.save (the server reads "
+                         "its Keras signature)")
+    spec = tf.TensorSpec((None, *model.inputs[0].shape[1:]), model.inputs[0].dtype, INPUT_NAME)
+    return tf.function(lambda inputs: {OUTPUT_NAME: model(inputs, training=False)},
+                       input_signature=[spec]).get_concrete_function()
+
+
+def export_model(model: tf.keras.Model, model_dir: Path, *,
+                 classes: Sequence[Any] | None = None, info: dict | None = None) -> Path:
+    """Write the SavedModel into <model_dir>/model/1 and metadata.json next to it; `classes`
+    are a classifier's labels in output order (None: a model whose outputs are served raw)."""
+    final = model_dir / SAVEDMODEL_PATH
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     # save_traces=False: the layers are rebuilt from their configs on load (every built-in
-    # layer can be), so saving skips re-tracing every layer's call: 1.3-1.8 s -> 0.2-0.3 s at
-    # the end of every job, and the server loads the model 0.5 s sooner (issue 6).
-    model.save(str(temporary), save_format="tf", include_optimizer=False, save_traces=False)
-    _replace_dir(temporary, model_dir / MODEL_FOLDER)
-    _write_json(model_dir / METADATA, {"format": "keras-savedmodel", "model_path": MODEL_FOLDER,
-                                       **metadata})
-    return model_dir / MODEL_FOLDER
+    # layer can be), so saving skips re-tracing every layer's call (1.3-1.8 s -> 0.2-0.3 s at
+    # the end of every job); only the one serving signature is traced.
+    model.save(str(temporary), save_format="tf", include_optimizer=False, save_traces=False,
+               signatures={SIGNATURE: serving_signature(model)})
+    _replace_dir(temporary, final)
+    shape = tuple(model.inputs[0].shape[1:])
+    ModelMetadata(model_path=SAVEDMODEL_PATH,
+                  input_shape=shape if None not in shape else None,
+                  classes=None if classes is None else tuple(classes),
+                  info={"input_dtype": model.inputs[0].dtype.name, **(info or {})}
+                  ).write(model_dir)
+    return final
 
 
 def write_history(history: dict[str, list[float]], output_dir: Path) -> None:

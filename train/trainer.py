@@ -219,11 +219,9 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
         return
     if hvd.rank() == 0:
         final = {k: v[-1] for k, v in report.history.items()} if report.history else {}
-        exported = export_model(model, paths.model_dir, {
-            "input_shape": list(train_share.x.shape[1:]), "input_dtype": "float32",
-            "task": "classification", "classes": classes.tolist(),
-            "output": "probabilities", "feature_count": int(np.prod(train_share.x.shape[1:])),
-            "model": config.model, "epochs": config.epochs, "world_size": hvd.size(),
+        exported = export_model(model, paths.model_dir, classes=classes.tolist(), info={
+            "feature_count": int(np.prod(train_share.x.shape[1:])), "model": config.model,
+            "epochs": config.epochs, "world_size": hvd.size(),
             "global_batch": plan.global_batch, "final_metrics": final,
             "tensorflow": tf.__version__})
         if report.history:

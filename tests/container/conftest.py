@@ -14,6 +14,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +24,7 @@ from typing import Iterator
 import pytest
 import yaml
 
+from container.network import free_port
 from scripts import local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,3 +120,33 @@ def compose_cluster(engine, spec, name: str, edit=None) -> Iterator["local_clust
                           check=False).stdout.split()
         if left:
             engine.run("rm", "-f", *left, check=False)
+
+
+def http(method: str, url: str, body: bytes | None = None, headers=None, timeout=10.0):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@contextlib.contextmanager
+def serving(engine, image: str, model: Path) -> Iterator[str]:
+    """`serve` from the image on `model`, healthy; yields its URL, always removed."""
+    port, name = free_port(), unique("serve")
+    engine.run("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8080",
+               "-v", f"{model}:/opt/ml/model:ro", image, "serve")
+    try:
+        deadline = time.monotonic() + 240  # SageMaker's limit for passing pings
+        status = None
+        while status != 200:
+            assert time.monotonic() < deadline, engine.run("logs", name, check=False).stderr
+            try:
+                status, _ = http("GET", f"http://127.0.0.1:{port}/ping", timeout=2)
+            except OSError:
+                status = None
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        engine.run("rm", "-f", name, check=False)

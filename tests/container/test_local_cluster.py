@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from conftest import compose_cluster, local_cluster, unique
-from container.network import free_port
+from conftest import compose_cluster, http, local_cluster, serving
 
 pytestmark = pytest.mark.container
 
@@ -132,7 +129,7 @@ def test_two_host_job(two_host_job):
     spec, codes, logs = two_host_job
     everything = "\n".join(f"--- {h}\n{text[-3000:]}" for h, text in logs.items())
     assert codes == {"algo-1": 0, "algo-2": 0}, everything
-    assert "model/saved_model.pb" in model_files(spec, "algo-1")
+    assert "model/1/saved_model.pb" in model_files(spec, "algo-1")
     assert "metadata.json" in model_files(spec, "algo-1")
     assert model_files(spec, "algo-2") == [], "only the leader writes the model"
     leader = logs["algo-1"]
@@ -147,7 +144,7 @@ def test_one_host_job(engine, image, digits, tmp_path):
     spec = job_spec(tmp_path, image, digits, hosts=1)
     codes, logs = run_job(engine, spec, "one")
     assert codes == {"algo-1": 0}, logs["algo-1"][-3000:]
-    assert "model/saved_model.pb" in model_files(spec, "algo-1")
+    assert "model/1/saved_model.pb" in model_files(spec, "algo-1")
     assert "world size 1" in logs["algo-1"]
 
 
@@ -205,35 +202,14 @@ def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, 
 
 
 # ------------------------------------------------------------------------------- serve ----
-def http(method: str, url: str, body: bytes | None = None, headers=None, timeout=10.0):
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
 def test_serve_answers_with_the_model_of_the_compose_job(engine, image, digits, two_host_job):
     spec, codes, _ = two_host_job
     assert codes.get("algo-1") == 0, "the 2-host job failed; nothing to serve"
     model = local_cluster.host_paths(spec, "algo-1").model_dir
-    port, name = free_port(), unique("serve")
-    engine.run("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8080",
-               "-v", f"{model}:/opt/ml/model:ro", image, "serve")
-    try:
-        deadline = time.monotonic() + 240  # SageMaker's limit for passing pings
-        status = None
-        while status != 200:
-            assert time.monotonic() < deadline, engine.run("logs", name, check=False).stderr
-            try:
-                status, _ = http("GET", f"http://127.0.0.1:{port}/ping", timeout=2)
-            except OSError:
-                status = None
-            time.sleep(0.5)
+    with serving(engine, image, model) as url:
         rows = np.loadtxt(digits / "validation" / "digits.csv", delimiter=",")[:50]
         body = json.dumps({"instances": rows[:, 1:].tolist()}).encode()
-        status, answer = http("POST", f"http://127.0.0.1:{port}/invocations", body,
+        status, answer = http("POST", f"{url}/invocations", body,
                               {"Content-Type": "application/json",
                                "Accept": "application/json"}, timeout=60)
         assert status == 200, answer
@@ -242,8 +218,6 @@ def test_serve_answers_with_the_model_of_the_compose_job(engine, image, digits, 
         correct = sum(str(p["class"]) == str(int(label))
                       for p, label in zip(predictions, rows[:, 0]))
         assert correct >= 25, f"only {correct}/50 right: {predictions[:3]}"
-        status, answer = http("POST", f"http://127.0.0.1:{port}/invocations", b"1,2,x",
+        status, answer = http("POST", f"{url}/invocations", b"1,2,x",
                               {"Content-Type": "text/csv"})
         assert status == 400, answer
-    finally:
-        engine.run("rm", "-f", name, check=False)

@@ -63,7 +63,8 @@ def parse_predictions(response) -> tuple[list, np.ndarray]:
         rows = list(csv.reader(io.StringIO(body.decode())))
         return [row[0] for row in rows], np.array([row[1:] for row in rows], float)
     if mimetype == "application/json":
-        records = json.loads(body)["predictions"]
+        document = json.loads(body)  # TF Serving answers "inputs" (columnar) with "outputs"
+        records = document["outputs" if "outputs" in document else "predictions"]
     else:
         assert mimetype == "application/jsonlines"
         records = [json.loads(line) for line in body.decode().splitlines()]
@@ -143,10 +144,12 @@ ERRORS = [
     ("application/json", "{oops", 400, "the body is not valid JSON: Expecting property name "
                                        "enclosed in double quotes: line 1 column 2 (char 1)"),
     ("application/json", '{"data": [[1, 2, 3, 4]]}', 400,
-     'a JSON object body needs exactly one of the keys "instances" or "inputs", got keys '
-     "['data']"),
+     'a JSON object body needs exactly one of the keys "instances" or "inputs" (and '
+     "optionally \"signature_name\"), got keys ['data']"),
     ("application/json", '{"inputs": {"x": [[1, 2, 3, 4]]}}', 400,
-     '"inputs" holds named inputs, but the model has one input: send a list of instances'),
+     "the model's inputs are input_1; missing: input_1; unknown: x"),
+    ("application/json", '{"instances": [[1, 2, 3, 4]], "signature_name": "predict"}', 400,
+     "signature_name 'predict' is not served; this model is served through 'serving_default'"),
     ("application/json", "4", 400, "expected a list of instances, got a JSON int"),
     ("application/json", "[]", 400, "there are no instances to predict"),
     ("application/json", "[[1, 2, 3]]", 400,
@@ -316,9 +319,8 @@ def test_a_broken_model_is_never_healthy_and_says_why(tmp_path, caplog):
     model = Model(tmp_path / "model")
     with caplog.at_level(logging.ERROR, logger="serve.model"):
         model.load_in_background().join()
-    reason = (f"no model to serve: {tmp_path}/model/metadata.json does not exist. The server "
-              f"serves what the trainer exported into {tmp_path}/model (metadata.json and the "
-              "SavedModel it names)")
+    reason = (f"no model to serve: {tmp_path}/model does not exist; SageMaker unpacks the model "
+              "artifact (model.tar.gz) there")
     assert reason in caplog.text
     client = unready_app(model)
     for response in (client.get("/ping"), invoke(client, "text/csv", "1,2,3,4")):

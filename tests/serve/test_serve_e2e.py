@@ -184,6 +184,21 @@ def test_every_format_gives_the_trained_models_answers(server, digits):
             np.testing.assert_allclose(other_probabilities, probabilities, atol=1e-5)
 
 
+def test_the_exported_savedmodel_runs_without_keras_and_matches_the_server(server, trained,
+                                                                          digits, tmp_path):
+    """What TensorFlow Serving or any SavedModel consumer sees: a serving_default signature
+    with a named input of any batch size, in TF Serving's <name>/<version> layout."""
+    from tests.portable import call_savedmodel
+
+    _, pixels = digits
+    rows = pixels[:20].astype(np.float32)
+    called = call_savedmodel(trained / "model" / "model" / "1", rows, tmp_path)
+    assert called["input"] == ["inputs", [None, 64], "float32"]
+    served = server.answer("POST", "/invocations", json={"instances": rows.tolist()}).json()
+    np.testing.assert_allclose(called["outputs"]["outputs"],
+                               [p["probabilities"] for p in served["predictions"]], atol=1e-6)
+
+
 def test_concurrent_clients_get_their_own_answers_from_shared_model_calls(server, digits):
     _, pixels = digits
     rows = pixels[:96]
@@ -270,10 +285,10 @@ def test_a_missing_model_is_reported_and_the_server_stays_up(tmp_path):
         answer = wait_for(failed, "/ping reporting the failed load")
         assert answer.status_code == 503
         assert answer.json()["error"] == (
-            f"the model failed to load: no model to serve: {tmp_path}/model/metadata.json does "
-            f"not exist. The server serves what the trainer exported into {tmp_path}/model "
-            "(metadata.json and the SavedModel it names)")
+            f"the model failed to load: no model to serve: {tmp_path}/model does not exist; "
+            "SageMaker unpacks the model artifact (model.tar.gz) there")
         assert server.answer("GET", "/ping").status_code == 503  # still up, still saying why
         assert "the model cannot be served, /ping stays 503" in server.log.read_text()
     finally:
         assert server.stop() == 0
+

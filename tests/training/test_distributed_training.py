@@ -6,7 +6,6 @@ import signal
 import subprocess
 import time
 
-import numpy as np
 
 from tests.conftest import ROOT, TRAIN, failure_of, run_train
 
@@ -25,7 +24,7 @@ def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
     metadata = json.loads((root / "model" / "metadata.json").read_text())
     assert metadata["input_shape"] == [64] and metadata["classes"] == list(range(10))
     assert metadata["final_metrics"]["val_accuracy"] > 0.9
-    assert (root / "model" / "model" / "saved_model.pb").exists()
+    assert (root / "model" / "model" / "1" / "saved_model.pb").exists()
     history = json.loads((root / "output" / "data" / "history.json").read_text())
     assert len(history["val_accuracy"]) == 4
     assert (root / "output" / "data" / "history.png").read_bytes()[:4] == b"\x89PNG"
@@ -213,7 +212,9 @@ def test_example_user_script_trains(make_script_job):
                            example.read_text())
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert (root / "model" / "model" / "saved_model.pb").exists()
+    assert (root / "model" / "model" / "1" / "saved_model.pb").exists()
+    metadata = json.loads((root / "model" / "metadata.json").read_text())  # distributed.export
+    assert (metadata["model_path"], metadata["classes"]) == ("model/1", list(range(10)))
     assert len(json.loads((root / "output" / "data" / "history.json").read_text())["loss"]) == 2
 
 

@@ -46,9 +46,9 @@ def main() -> None:
     history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
                         callbacks=distributed.callbacks(), verbose=distributed.verbose())
 
+    # distributed: rank 0 writes the model for `serve` (its labels: the digits 0-9).
+    distributed.export(model, classes=list(range(int(y.max()) + 1)))
     if distributed.is_leader():  # distributed: only the leader writes
-        model.save(os.path.join(os.environ["SM_MODEL_DIR"], "model"), save_format="tf",
-                   include_optimizer=False)
         with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "history.json"), "w") as out:
             json.dump(history.history, out, default=float)  # metrics arrive as numpy floats
 

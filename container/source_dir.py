@@ -1,0 +1,195 @@
+"""The user's code from the SDK's `source_dir`: fetched and installed on every host before
+any rank starts.
+
+`Estimator(entry_point="train.py", source_dir="src/")` packs src/ as sourcedir.tar.gz, uploads
+it and sets two hyperparameters: `sagemaker_submit_directory` (its URI) and `sagemaker_program`.
+AWS's framework containers download and unpack it on every host and pip-install its
+requirements.txt; this launcher does the same, once per host, before mpirun:
+
+- `s3://bucket/key`: boto3 with the job's credentials (the instance role, or AWS_* variables),
+  the region from `sagemaker_region` (the SDK sets it), else AWS_REGION / AWS_DEFAULT_REGION,
+  and the endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (boto3 reads both itself).
+- `file:///path` or a plain path: a .tar.gz (any tar) or a folder.
+
+The code folder's contents are replaced by the submit directory's: unpacked in a staging folder
+first, so a failed download or a bad archive leaves no half-unpacked code behind. Archive
+members that would land outside the folder (absolute paths, `..`, links out) are refused. The toolkit's own `files.download_and_extract` is not used: it unpacks
+without such a filter, only into an empty folder, and its errors name neither the URI nor the
+fix. Every failure is a ConfigError (exit code 2) naming the URI or the package to fix (a
+`sagemaker_program` missing from it is reported by the launch plan, naming the URI too). The
+code folder named as its own submit directory (SageMaker local mode mounts a local source_dir
+there) is used in place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import unquote, urlparse
+
+from container.errors import ConfigError
+from container.hyperparameters import decode
+from container.launch_config import LaunchConfig, split_hyperparameters
+from container.sagemaker_config import JobConfig
+
+REQUIREMENTS = "requirements.txt"
+
+
+def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
+    """The job's submit directory URI, "" when it has none."""
+    return launch.submit_directory or environ.get("SAGEMAKER_SUBMIT_DIRECTORY", "")
+
+
+def region(job: JobConfig) -> str | None:
+    """The SDK's `sagemaker_region`, else AWS_REGION; None lets boto3 use AWS_DEFAULT_REGION."""
+    value = decode(job.hyperparameters.get("sagemaker_region", ""))
+    return str(value) if value else os.environ.get("AWS_REGION") or None
+
+
+def prepare(job: JobConfig) -> None:
+    """Fetch, unpack and install the submit directory into the code folder, if the job has one."""
+    launch, _, _ = split_hyperparameters(job.hyperparameters)
+    uri = submit_directory(launch, os.environ)
+    if not uri:
+        return
+    code_dir = job.paths.code_dir
+    local = local_source(uri)
+    if local is not None and local.resolve() == code_dir.resolve():
+        # SageMaker local mode mounts a local source_dir at /opt/ml/code and names it here.
+        print(f"launcher: the submit directory {uri} is the code folder itself", flush=True)
+    else:
+        print(f"launcher: fetching the submit directory {uri} into {code_dir}", flush=True)
+        staging = code_dir.with_name(f".{code_dir.name}-staging-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            unpack(uri, staging, region(job))
+            replace_contents(code_dir, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    install_requirements(code_dir, uri)
+
+
+def local_source(uri: str) -> Path | None:
+    """The path a file:// URI or plain path names; None for a remote URI."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(uri) if parsed.scheme == "" else None
+
+
+def unpack(uri: str, destination: Path, region_name: str | None) -> None:
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        archive = destination.with_name(destination.name + ".tar.gz")
+        try:
+            download_s3(parsed.netloc, parsed.path.lstrip("/"), archive, region_name, uri)
+            extract(archive, destination, uri)
+        finally:
+            archive.unlink(missing_ok=True)
+        return
+    source = local_source(uri)
+    if source is None:
+        raise ConfigError(f"submit directory {uri!r}: scheme {parsed.scheme!r} is not "
+                          "supported; use s3://, file:// or a path in the container")
+    if source.is_dir():
+        shutil.copytree(source, destination, dirs_exist_ok=True, symlinks=True)
+    elif source.is_file():
+        extract(source, destination, uri)
+    else:
+        raise ConfigError(f"submit directory {uri!r}: {source} does not exist in the "
+                          "container; mount it there or give an s3:// URI")
+
+
+def download_s3(bucket: str, key: str, target: Path, region_name: str | None, uri: str) -> None:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if not bucket or not key:
+        raise ConfigError(f"submit directory {uri!r} must be s3://bucket/key of a .tar.gz")
+    try:
+        boto3.client("s3", region_name=region_name).download_file(bucket, key, str(target))
+    except ClientError as error:
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchKey", "NoSuchBucket"):
+            fix = "the object does not exist; upload it or fix sagemaker_submit_directory"
+        elif code in ("403", "AccessDenied"):
+            fix = ("access denied; give the job's role s3:GetObject on it (and kms:Decrypt "
+                   "if it is encrypted with a KMS key)")
+        else:
+            fix = f"S3 answered {code}: {error}"
+        raise ConfigError(f"submit directory {uri}: {fix}") from None
+    except BotoCoreError as error:
+        raise ConfigError(f"submit directory {uri}: cannot download it: {error}; check the "
+                          "job's credentials, region and network access to S3") from None
+
+
+def safe_members(tar: tarfile.TarFile, destination: Path, uri: str) -> list[tarfile.TarInfo]:
+    """The archive's members, refusing any that would write outside `destination` (absolute
+    or `..` paths, links pointing out) or that are not files, folders or links (devices).
+    What tarfile's `data` filter does on Python 3.11.4+; the image's Python is older."""
+    root = destination.resolve()
+    members = tar.getmembers()
+    for member in members:
+        target = (root / member.name).resolve()
+        escapes = member.name.startswith("/") or not target.is_relative_to(root)
+        if member.issym() or member.islnk():
+            base = target.parent if member.issym() else root
+            escapes |= member.linkname.startswith("/") or \
+                not (base / member.linkname).resolve().is_relative_to(root)
+        if escapes or not (member.isfile() or member.isdir() or member.issym()
+                           or member.islnk()):
+            raise ConfigError(f"submit directory {uri!r} cannot be unpacked: member "
+                              f"{member.name!r} would land outside the code folder or is not a "
+                              "file, folder or link; repack it as a .tar.gz of the source folder")
+        member.mode &= 0o777  # no setuid, setgid or sticky bits from an archive
+    return members
+
+
+def extract(archive: Path, destination: Path, uri: str) -> None:
+    if not tarfile.is_tarfile(archive):
+        raise ConfigError(f"submit directory {uri!r} is not a tar archive (.tar.gz); pack "
+                          "the folder with `tar -czf sourcedir.tar.gz -C src .` or let the "
+                          "SDK pack source_dir")
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(destination, members=safe_members(tar, destination, uri))
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {error}; repack "
+                          "it as a .tar.gz of the source folder") from None
+
+
+def replace_contents(folder: Path, staging: Path) -> None:
+    """Empty `folder` (which may be a mount point, so it is kept) and move staging's entries in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    for entry in staging.iterdir():
+        shutil.move(str(entry), folder / entry.name)
+
+
+def install_requirements(code_dir: Path, uri: str) -> None:
+    """pip-install the code's requirements.txt into this host's Python, from the code folder
+    (so relative paths in it, such as a bundled wheel, resolve there)."""
+    if not (code_dir / REQUIREMENTS).is_file():
+        return
+    command = [sys.executable, "-m", "pip", "install", "--no-input",
+               "--disable-pip-version-check", "-r", REQUIREMENTS]
+    print(f"launcher: installing {REQUIREMENTS} of the submit directory", flush=True)
+    result = subprocess.run(command, cwd=code_dir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    print(result.stdout, end="", flush=True)
+    if result.returncode:
+        errors = [line for line in result.stdout.splitlines() if line.startswith("ERROR")]
+        cause = "; ".join(errors[-2:]) or result.stdout.strip()[-400:]
+        raise ConfigError(f"pip could not install {REQUIREMENTS} of submit directory {uri}: "
+                          f"{cause}; fix the requirement or make the package reachable from "
+                          "the container (a wheel in source_dir, or a reachable index)")
