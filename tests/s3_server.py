@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import free_port
+from container.network import free_port
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

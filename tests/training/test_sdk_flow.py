@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from container.network import free_port
 from serve.model import horovod_op_library
-from tests.conftest import TRAIN, free_port
+from tests.conftest import TRAIN
 from tests.portable import call_savedmodel
 from tests.s3_server import s3_server, uninstall, write_wheel  # noqa: F401
 from tests.serve.test_serve_e2e import Server
