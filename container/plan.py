@@ -168,6 +168,10 @@ def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
     args: tuple[str, ...] = ()
     if program:
         script = job.paths.code_dir / program
+        if not script.resolve().is_relative_to(job.paths.code_dir.resolve()):
+            raise ConfigError(f"script mode: program {program!r} points outside the code "
+                              f"folder {job.paths.code_dir}; give a path inside it, such as "
+                              f"'train.py' or 'src/train.py'")
         if not script.is_file():
             raise ConfigError(f"script mode: program {program!r} not found at {script}; put "
                               f"it under {job.paths.code_dir} or fix sagemaker_program")

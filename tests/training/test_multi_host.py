@@ -6,6 +6,7 @@ are tested in tests/container."""
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -44,6 +45,15 @@ def start(root):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def runtime_of(launcher_pid):
+    """The job's private runtime folder (tempfile.mkdtemp), from mpirun's ssh arguments."""
+    for process in psutil.Process(launcher_pid).children(recursive=True):
+        found = re.search(r"/train-job-[^/\s]+/", " ".join(process.cmdline()))
+        if found:
+            return found.group(0)
+    raise AssertionError("no process of the launcher names its runtime folder")
+
+
 def test_a_job_crosses_hosts_over_ssh(cluster):
     roots = cluster({}, "probe.py", PROBE)
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
@@ -78,10 +88,12 @@ def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
     leader.communicate(timeout=120)
     worker.communicate(timeout=30)
-    assert leader.returncode != 0 and worker.returncode != 0
+    assert leader.returncode == worker.returncode == 1
     expected = "rank 1 on host 127.0.0.2 failed (exit code 1): MemoryError: batch too large"
     assert failure_of(roots["127.0.0.1"]).startswith(expected)
-    assert failure_of(roots["127.0.0.2"]).startswith(f"reported by the leader 127.0.0.1: {expected}")
+    assert failure_of(roots["127.0.0.2"]).startswith(expected)  # the root cause first, then
+    assert failure_of(roots["127.0.0.2"]).endswith(  # who reported it
+        "(reported to 127.0.0.2 by the leader 127.0.0.1)")
 
 
 def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
@@ -97,9 +109,10 @@ def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
     # The host dies: its launcher, its sshd, and the MPI daemon (orted daemonizes, so it is
     # found by the job key in its command line) with the rank it started.
     doomed = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    runtime = runtime_of(leader.pid)
     for process in psutil.process_iter(["cmdline"]):
         if "orted" in (process.info["cmdline"] or [""])[0] and \
-                f"train-job-{leader.pid}/" in " ".join(process.info["cmdline"]):
+                runtime in " ".join(process.info["cmdline"]):
             doomed += [process, *process.children(recursive=True)]
     assert any("orted" in p.name() for p in doomed)
     for process in doomed:
@@ -107,7 +120,7 @@ def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
     started = time.monotonic()
     leader.communicate(timeout=90)
     print(f"leader exited {time.monotonic() - started:.1f} s after the worker died")
-    assert leader.returncode != 0
+    assert leader.returncode == 3  # a host lost is a cluster failure
     assert "127.0.0.2" in failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
 
 
