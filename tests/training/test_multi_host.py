@@ -140,3 +140,30 @@ def test_a_leader_whose_worker_never_comes_names_it(cluster):
     assert "never reported ready within 3 s: 127.0.0.2" in failure_of(roots["127.0.0.1"])
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(roots["127.0.0.1"]) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+
+
+@pytest.mark.parametrize("first, late", [("127.0.0.1", "127.0.0.2"), ("127.0.0.2", "127.0.0.1")],
+                         ids=["worker 2x heartbeat_timeout late", "leader last"])
+def test_hosts_start_in_either_order(cluster, first, late):
+    roots = cluster({"heartbeat_timeout": 2}, "probe.py", PROBE)
+    early = start(roots[first])
+    time.sleep(4)  # twice heartbeat_timeout: the early host must keep waiting, not give up
+    processes = {first: early, late: start(roots[late])}
+    outputs = {host: process.communicate(timeout=240)[0] for host, process in processes.items()}
+    assert {host: p.returncode for host, p in processes.items()} == {first: 0, late: 0}, outputs
+    assert (roots["127.0.0.1"] / "output" / "data" / "rank1.json").exists()
+
+
+def test_a_data_error_in_a_rank_exits_2_on_every_host(cluster):
+    roots = cluster({"epochs": 1})
+    # Ranks read the leader's tree here (TRAIN_ML_ROOT), so both ranks meet the bad row.
+    with open(roots["127.0.0.1"] / "input" / "data" / "train" / "digits.csv", "a") as csv:
+        csv.write("3," + ",".join(["nan"] * 64) + "\n")
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader_output = leader.communicate(timeout=240)[0]
+    worker.communicate(timeout=30)
+    assert (leader.returncode, worker.returncode) == (2, 2), leader_output[-3000:]
+    cause = r"rank [01] on host 127\.0\.0\.[12] failed \(config error\): DataError: .*NaN"
+    assert re.match(cause, failure_of(roots["127.0.0.1"])), failure_of(roots["127.0.0.1"])
+    assert re.match(cause + r".*\(reported to 127\.0\.0\.2 by the leader 127\.0\.0\.1\)$",
+                    failure_of(roots["127.0.0.2"])), failure_of(roots["127.0.0.2"])
