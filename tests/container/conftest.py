@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -121,3 +122,15 @@ def compose_cluster(engine, spec, name: str, edit=None) -> Iterator["local_clust
 
 def all_logs(cluster) -> dict[str, str]:
     return {host: cluster.logs(host) for host in cluster.containers()}
+
+
+def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
+    """Poll `host`'s log until it holds `text`; AssertionError if it exits or the time is up."""
+    deadline = time.monotonic() + timeout
+    while text not in cluster.logs(host):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{host} never logged {text!r}:\n{cluster.logs(host)[-3000:]}")
+        if not cluster.state(host).get("Running"):
+            raise AssertionError(f"{host} exited before logging {text!r}:\n"
+                                 f"{cluster.logs(host)[-3000:]}")
+        time.sleep(1)
