@@ -14,16 +14,19 @@ What it does, on every host of the job:
    Several hosts: every host resolves every host name (retrying until `host_timeout`).
    The leader makes a fresh ssh key for the job, starts its own sshd and a coordinator on
    `coordinator_port`; each worker connects there, receives the key, starts its sshd and
-   reports ready with its host key. The leader waits for every worker (naming any that never
-   came), checks every sshd answers, then runs mpirun across the hosts. Workers hold until
-   the leader reports the outcome, and exit with it within a second or two; a worker whose
-   leader never answers or goes silent exits non-zero naming the leader.
+   reports ready with its host key (container.coordination: any start order, heartbeats both
+   ways, only the cluster's own addresses heard). The leader waits for every worker (naming
+   any that never came), checks every sshd answers, then runs mpirun across the hosts.
+   Workers hold until the leader reports the outcome, and exit with it within a second or
+   two; a worker whose leader never answers or goes silent exits 3 naming the leader.
 4. Ranks run `python -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
    in script mode (`sagemaker_program` / SAGEMAKER_PROGRAM), the user's script from
    <ml-root>/code with the SM_* environment and the hyperparameters as arguments.
 5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's
-   orte_abort_on_non_zero_status) and every host exits non-zero. <ml-root>/output/failure
-   names the failing host, rank, exit code and that rank's last error line.
+   orte_abort_on_non_zero_status) and every host exits with the same code, decided by the kind
+   of failure (container.protocol.exit_code: 2 configuration or data, 3 cluster, 143 stopped,
+   else the rank's own). <ml-root>/output/failure starts with the root cause on every host:
+   the failing host, rank and that rank's error.
 6. SIGTERM: forwarded to the ranks, which save a checkpoint and stop; see
    container.supervisor. Exit code 0 = Completed, anything else = Failed.
 """
