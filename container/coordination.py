@@ -168,8 +168,14 @@ class Leader:
             if not admitted:
                 sock.close()
                 continue
-            threading.Thread(target=self._serve, args=(_Connection(sock), peer_address),
-                             daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(_Connection(sock), peer_address),
+                                 daemon=True).start()
+            except Exception as error:  # no thread to be had: drop this one, keep listening
+                log(f"coordinator: cannot serve {peer_address} ({error}); still listening")
+                sock.close()
+                with self.condition:
+                    self.pending -= 1
 
     def _serve(self, peer: _Connection, peer_address: str) -> None:
         host = None
