@@ -337,7 +337,7 @@ def follow_leader(leader: str, port: int, host: str, *, address: str, leader_tim
     """
     deadline = time.monotonic() + leader_timeout
     while True:
-        peer = _Connection(_connect(leader, port, address, deadline - time.monotonic()))
+        peer = _Connection(_connect(leader, port, address, deadline, leader_timeout))
         try:
             peer.send(f"HELLO {host}")
             peer.ping_until_closed()
@@ -376,8 +376,9 @@ def _serve_leader(peer: _Connection, key_line: str, leader: str, heartbeat_timeo
     return outcome
 
 
-def _connect(leader: str, port: int, address: str, timeout: float) -> socket.socket:
-    deadline = time.monotonic() + timeout
+def _connect(leader: str, port: int, address: str, deadline: float,
+             timeout: float) -> socket.socket:
+    """A connection to the leader from this host's address, retried until `deadline`."""
     delay = 0.1
     while True:
         try:

@@ -19,6 +19,7 @@ from typing import Callable
 from container.failure import Outcome, OutputLog, summarize
 from container.protocol import STOPPED_MARKER, FailureKind
 
+
 class StopSignals:
     """Installs the SIGTERM/SIGINT handler for the duration of one mpirun."""
 
