@@ -305,8 +305,8 @@ class Leader:
         with self.condition:
             self.outcome = outcome
             peers = dict(self.peers)
-        for peer in peers.values():
-            peer.send(_exit_line(outcome))
+        for peer in peers.values():  # each its own thread: a stuck peer delays no other
+            threading.Thread(target=peer.send, args=(_exit_line(outcome),), daemon=True).start()
         deadline = time.monotonic() + timeout
         with self.condition:
             while time.monotonic() < deadline and any(
