@@ -281,3 +281,16 @@ def test_unresolvable_hosts_are_named_and_the_leader_marked():
     with pytest.raises(PlatformError, match=r"these host names did not resolve within 1 s: "
                                             r"algo-1\.invalid \(the leader\), algo-3\.invalid"):
         wait_resolvable(["algo-1.invalid", "localhost", "algo-3.invalid"], "algo-1.invalid", 1)
+
+
+def test_a_second_ready_on_the_same_connection_changes_nothing():
+    port = free_port()
+    leader = start_leader(port, workers=["127.0.0.2"])
+    with stranger(port, source="127.0.0.2") as worker:  # a worker speaking the protocol by hand
+        worker.sendall(b"HELLO 127.0.0.2\n")
+        assert worker.makefile("rb").readline() == b"KEY ssh-ed25519 AAAA job\n"
+        worker.sendall(b"READY ssh-ed25519 first\nREADY ssh-ed25519 planted\n")
+        assert leader.wait_ready(timeout=5) == {"127.0.0.2": "ssh-ed25519 first"}
+        time.sleep(0.5)  # the second READY has arrived by now
+        assert leader.host_keys == {"127.0.0.2": "ssh-ed25519 first"}
+    leader.finish(Outcome.success(), timeout=1)
