@@ -71,6 +71,17 @@ def parse_mark(line: str) -> Mark | None:
         return None
 
 
+def stopped_line(detail: str) -> str:
+    """Rank 0's line after a requested stop: what was saved and where."""
+    return f"{STOPPED_MARKER} {detail}"
+
+
+def parse_stopped(line: str) -> str | None:
+    """The detail of a stop line (maybe tagged), else None."""
+    before, marker, detail = line.partition(STOPPED_MARKER)
+    return detail.strip() if marker else None
+
+
 def metrics_line(epoch: int, values: dict[str, float]) -> str:
     """The line SageMaker metric definitions read: `METRICS epoch=N key=value ...`."""
     pairs = " ".join(f"{key}={float(value):.6g}" for key, value in values.items())

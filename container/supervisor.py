@@ -17,7 +17,7 @@ import threading
 from typing import Callable
 
 from container.failure import Outcome, OutputLog, summarize
-from container.protocol import STOPPED_MARKER, FailureKind
+from container.protocol import FailureKind, parse_stopped
 
 
 class StopSignals:
@@ -84,9 +84,8 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
     if exit_code == 0 and not stopped:
         return Outcome.success()
     if stopped:
-        saved = [line for line in log.tail if STOPPED_MARKER in line]
-        detail = saved[-1].split(STOPPED_MARKER, 1)[1].strip() if saved else \
-            "no checkpoint was confirmed"
+        saved = [detail for line in log.tail if (detail := parse_stopped(line)) is not None]
+        detail = saved[-1] if saved else "no checkpoint was confirmed"
         return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
                               f"stopped, max runtime or spot reclaim); {detail}")
     return summarize(log, exit_code, host_of_rank)

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from container.errors import PlatformError
 from container.sagemaker_config import Channel, read_channels
-from container.protocol import STOPPED_MARKER, Mark, mark_line
+from container.protocol import Mark, mark_line, stopped_line
 from train import distributed
 from train.accumulation import AccumulatingModel
 from train.batching import BatchPlan, plan_batches
@@ -225,8 +225,8 @@ def train(context: RankContext, config: TrainerConfig) -> None:
 
     if stop.stopped_in_epoch is not None:
         save(stop.stopped_in_epoch, interrupted=True)
-        say(f"{STOPPED_MARKER} checkpoint saved in {paths.checkpoint_dir}; a restarted job "
-            f"resumes at epoch {stop.stopped_in_epoch + 1}")
+        say(stopped_line(f"checkpoint saved in {paths.checkpoint_dir}; a restarted job "
+                         f"resumes at epoch {stop.stopped_in_epoch + 1}"))
         return
     if hvd.rank() == 0:
         final = {k: v[-1] for k, v in report.history.items()} if report.history else {}

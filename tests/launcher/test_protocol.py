@@ -5,7 +5,8 @@ import pytest
 
 from container.errors import ConfigError, PlatformError
 from container.protocol import (FailureKind, Mark, exit_code, mark_line, metrics_line,
-                                parse_mark, parse_metrics, parse_rank_failure, rank_failure)
+                                parse_mark, parse_metrics, parse_rank_failure, parse_stopped,
+                                rank_failure, stopped_line)
 
 
 def test_a_metrics_line_reads_back_through_mpiruns_tag():
@@ -39,3 +40,10 @@ def test_marks_read_back_and_unknown_ones_are_ignored():
     assert [parse_mark(f"[1,0]<stdout>:{mark_line(mark)}") for mark in Mark] == list(Mark)
     assert parse_mark("TRAIN-MARK someday") is None
     assert parse_mark("launcher: all 2 hosts ready") is None
+
+
+def test_a_stop_line_reads_back():
+    line = stopped_line("checkpoint saved in /opt/ml/checkpoints; a restarted job resumes at epoch 4")
+    assert parse_stopped(f"[1,0]<stdout>:trainer: {line}") == \
+        "checkpoint saved in /opt/ml/checkpoints; a restarted job resumes at epoch 4"
+    assert parse_stopped("trainer: 2 rank(s)") is None
