@@ -6,119 +6,279 @@ one line per message:
     worker -> leader   HELLO <host>
     leader -> worker   KEY <the job's ssh public key>
     worker -> leader   READY <the worker sshd's host key>   |   FAIL <reason>
-    leader -> worker   PING                                  (every second while the job runs)
-    leader -> worker   EXIT <code> <reason as JSON>
+    both ways          PING                                  (every second, from HELLO on)
+    leader -> worker   EXIT <code> <kind> <reason as JSON>
     worker -> leader   BYE
 
-So a worker exits within a second of the leader's mpirun ending, with its exit code; a worker
-whose leader never answers gives up after `leader_timeout`, and one whose leader goes silent
-(killed, crashed) gives up after `heartbeat_timeout`, naming the leader either way. The leader
-learns which workers never became ready and names them.
+Hosts start in any order: a worker retries until `leader_timeout`, the leader waits
+`host_timeout` for every worker. Both sides send PING every second from the first contact, so
+neither waits on a silent peer: a worker whose leader goes silent (killed, crashed) gives up
+after `heartbeat_timeout` naming the leader, and a worker that goes silent before the job
+starts fails the job naming that worker. A worker exits within a second of the leader's
+mpirun ending, with the leader's exit code and the root cause.
+
+Only the cluster is heard. The coordinator listens on the leader's cluster address and
+accepts `HELLO <host>` only from the address `<host>` resolves to, only once per host and
+only before the job runs; anyone else is logged and disconnected before seeing the key. Input
+is bounded: lines of at most MAX_LINE bytes, HELLO within HELLO_TIMEOUT of connecting and
+READY within HANDSHAKE_TIMEOUT, at most MAX_PENDING connections that have not said who they
+are. Each connection has its own threads and a send timeout, so one slow or dead peer never
+delays another's heartbeats.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import select
 import socket
 import threading
 import time
 from typing import Callable
 
 from container.errors import PlatformError, TrainError
+from container.failure import Outcome
+from container.network import address_of
+from container.protocol import FailureKind
 
 HEARTBEAT_INTERVAL = 1.0
+MAX_LINE = 64 * 1024
+HELLO_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 120.0
+SEND_TIMEOUT = 10.0
+MAX_PENDING = 32
 
 
-def _send(connection: socket.socket, line: str) -> bool:
-    try:
-        connection.sendall(line.encode() + b"\n")
-        return True
-    except OSError:
-        return False
+def log(message: str) -> None:
+    print(f"launcher: {message}", flush=True)
 
 
-class _Lines:
-    """Line reader over a socket with a per-read timeout."""
+class ProtocolError(Exception):
+    """A peer broke the protocol (a line too long, a handshake too slow)."""
 
-    def __init__(self, connection: socket.socket):
-        self.connection = connection
+
+class _Connection:
+    """One peer: lines in with deadlines, lines out under a lock, PING every second."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.sock.settimeout(SEND_TIMEOUT)  # bounds sendall; reads wait with select
         self.buffer = b""
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
 
-    def read(self, timeout: float) -> str | None:
-        """The next line; None at end of stream; socket.timeout when silent too long."""
-        self.connection.settimeout(timeout)
+    def send(self, line: str) -> bool:
+        with self.lock:
+            if self.closed.is_set():
+                return False
+            try:
+                self.sock.sendall(line.encode() + b"\n")
+                return True
+            except OSError:
+                self._close()
+                return False
+
+    def read(self, deadline: float) -> str | None:
+        """The next line; None at end of stream; socket.timeout at the deadline."""
         while b"\n" not in self.buffer:
-            chunk = self.connection.recv(4096)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
+            if len(self.buffer) > MAX_LINE:
+                raise ProtocolError(f"a line longer than {MAX_LINE} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            readable, _, _ = select.select([self.sock], [], [], left)
+            if readable:
+                chunk = self.sock.recv(MAX_LINE)
+                if not chunk:
+                    return None
+                self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        if len(line) > MAX_LINE:
+            raise ProtocolError(f"a line longer than {MAX_LINE} bytes")
         return line.decode(errors="replace")
+
+    def ping_until_closed(self) -> None:
+        threading.Thread(target=self._ping, daemon=True, name="heartbeat").start()
+
+    def _ping(self) -> None:
+        while not self.closed.wait(HEARTBEAT_INTERVAL):
+            self.send("PING")
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
+        if not self.closed.is_set():
+            self.closed.set()
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+
+def _exit_line(outcome: Outcome) -> str:
+    kind = outcome.kind.value if outcome.kind else "ok"
+    return f"EXIT {outcome.exit_code} {kind} {json.dumps(outcome.reason)}"
+
+
+def _outcome(line: str) -> Outcome:
+    _, code, kind, reason = line.split(" ", 3)
+    return Outcome(None if kind == "ok" else FailureKind(kind), json.loads(reason), int(code))
 
 
 class Leader:
     """The leader's side: hands out the key, collects readiness, broadcasts the outcome."""
 
-    def __init__(self, port: int, workers: list[str], public_key: str):
+    def __init__(self, *, address: str, port: int, workers: list[str], public_key: str,
+                 heartbeat_timeout: float):
         self.workers = set(workers)
         self.public_key = public_key
+        self.heartbeat_timeout = heartbeat_timeout
         self.host_keys: dict[str, str] = {}
         self.failures: dict[str, str] = {}
-        self.connections: dict[str, socket.socket] = {}
+        self.peers: dict[str, _Connection] = {}
         self.said_bye: set[str] = set()
+        self.pending = 0
+        self.running = False
+        self.outcome: Outcome | None = None
         self.condition = threading.Condition()
-        self.finished = threading.Event()
         try:
-            self.server = socket.create_server(("", port))
+            self.server = socket.create_server((address, port))
         except OSError as error:
-            raise PlatformError(f"the leader cannot listen on coordinator port {port}: "
-                                f"{error.strerror}; choose another coordinator_port") from None
+            raise PlatformError(f"the leader cannot listen on coordinator port {port} of "
+                                f"{address}: {error.strerror}; choose another "
+                                f"coordinator_port") from None
         threading.Thread(target=self._accept, daemon=True, name="coordinator").start()
 
     def _accept(self) -> None:
-        while not self.finished.is_set():
-            try:
-                connection, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection: socket.socket) -> None:
-        lines = _Lines(connection)
-        try:
-            hello = lines.read(timeout=30) or ""
-            host = hello.partition(" ")[2].strip()
-            if not hello.startswith("HELLO ") or host not in self.workers:
-                _send(connection, f"EXIT 1 {json.dumps(f'{host!r} is not a worker of this job')}")
-                connection.close()
-                return
-            _send(connection, f"KEY {self.public_key}")
-            answer = lines.read(timeout=120) or "FAIL the worker closed the connection"
-        except OSError:
-            connection.close()
-            return
-        verb, _, rest = answer.partition(" ")
-        with self.condition:
-            if verb == "READY":
-                self.host_keys[host] = rest
-                self.connections[host] = connection
-            else:
-                self.failures[host] = rest
-            self.condition.notify_all()
-        if verb == "READY":
-            self._await_bye(host, lines)
-
-    def _await_bye(self, host: str, lines: _Lines) -> None:
         while True:
             try:
-                line = lines.read(timeout=3600)
-            except OSError:
+                sock, (peer_address, *_) = self.server.accept()
+            except OSError as error:
+                if self.server.fileno() < 0 or error.errno == errno.EINVAL:
+                    return  # closed by close()
+                log(f"coordinator: accept failed ({error}); still listening")
+                time.sleep(0.1)
+                continue
+            with self.condition:
+                admitted = self.pending < MAX_PENDING
+                self.pending += admitted
+            if not admitted:
+                sock.close()
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(_Connection(sock), peer_address),
+                                 daemon=True).start()
+            except Exception as error:  # no thread to be had: drop this one, keep listening
+                log(f"coordinator: cannot serve {peer_address} ({error}); still listening")
+                sock.close()
+                with self.condition:
+                    self.pending -= 1
+
+    def _serve(self, peer: _Connection, peer_address: str) -> None:
+        host = None
+        try:
+            host = self._admit(peer, peer_address)
+            if host:
+                self._follow(peer, host)
+        except (OSError, ProtocolError, ValueError) as error:
+            log(f"coordinator: dropped {host or peer_address}: {error or type(error).__name__}")
+            self._lost(host, f"broke the protocol or the connection: {error}")
+        except Exception as error:  # the coordinator must outlive any one connection
+            log(f"coordinator: internal error serving {host or peer_address}: {error!r}")
+        finally:
+            peer.close()
+            with self.condition:
+                self.condition.notify_all()  # finish() waits for open connections only
+
+    def _admit(self, peer: _Connection, peer_address: str) -> str | None:
+        """The worker's host name once its HELLO is accepted and it has the key, else None."""
+        started = time.monotonic()
+        try:
+            hello = peer.read(started + HELLO_TIMEOUT) or ""
+        finally:
+            with self.condition:
+                self.pending -= 1
+        host = hello[len("HELLO "):].strip() if hello.startswith("HELLO ") else ""
+        refusal = self._refusal(host, hello, peer_address)
+        if refusal:
+            log(f"coordinator: refused a connection from {peer_address}: {refusal}")
+            return None
+        with self.condition:
+            if self.outcome is not None:
+                peer.send(_exit_line(self.outcome))
+                return None
+            if host in self.peers or self.running:
+                log(f"coordinator: refused a second connection for {host} from {peer_address}")
+                return None
+            self.peers[host] = peer
+        peer.send(f"KEY {self.public_key}")
+        peer.ping_until_closed()
+        try:
+            answer = self._next_line(peer, started + HANDSHAKE_TIMEOUT) or \
+                "FAIL it closed the connection before reporting ready"
+        except socket.timeout:
+            answer = (f"FAIL it went silent for {self.heartbeat_timeout:g} s or did not report "
+                      f"ready within {HANDSHAKE_TIMEOUT:g} s")
+        verb, _, rest = answer.partition(" ")
+        with self.condition:
+            if verb == "READY" and rest.strip():
+                self.host_keys[host] = rest.strip()
+            else:
+                self.failures[host] = rest if verb == "FAIL" else f"unexpected {verb!r}"
+            self.condition.notify_all()
+        return host if verb == "READY" else None
+
+    def _refusal(self, host: str, hello: str, peer_address: str) -> str | None:
+        if not host:
+            return f"expected HELLO <host>, got {hello[:80]!r}"
+        if host not in self.workers:
+            return f"{host[:80]!r} is not a worker of this job"
+        try:
+            expected = address_of(host)
+        except OSError as error:
+            return f"{host} does not resolve here ({error})"
+        if peer_address != expected:
+            return f"it claims to be {host}, which resolves to {expected}"
+        return None
+
+    def _next_line(self, peer: _Connection, deadline: float) -> str | None:
+        """The next line that is not a heartbeat; socket.timeout when the worker is silent for
+        heartbeat_timeout or the deadline passes."""
+        while True:
+            line = peer.read(min(deadline, time.monotonic() + self.heartbeat_timeout))
+            if line != "PING":
+                return line
+
+    def _follow(self, peer: _Connection, host: str) -> None:
+        """After READY: the worker's heartbeats until BYE; silence or a close means it is lost."""
+        while True:
+            try:
+                line = self._next_line(peer, float("inf"))
+            except socket.timeout:
+                self._lost(host, f"silent for {self.heartbeat_timeout:g} s")
                 return
-            if line is None or line == "BYE":
+            if line == "BYE":
                 with self.condition:
                     self.said_bye.add(host)
                     self.condition.notify_all()
                 return
+            if line is None:
+                self._lost(host, "it closed the connection")
+                return
+            if line.startswith("READY"):
+                log(f"coordinator: ignored a second READY from {host}")
+
+    def _lost(self, host: str | None, why: str) -> None:
+        with self.condition:
+            if host is None or self.outcome is not None or host in self.said_bye:
+                return
+            if not self.running:
+                self.failures.setdefault(host, f"lost contact before the job started: {why}")
+            self.condition.notify_all()
+        log(f"coordinator: lost contact with worker {host}: {why}")
 
     def wait_ready(self, timeout: float) -> dict[str, str]:
         """Block until every worker is ready; returns host -> sshd host key."""
@@ -130,7 +290,8 @@ class Leader:
                     raise PlatformError(f"worker {host} could not get ready: {reason}")
                 missing = sorted(self.workers - set(self.host_keys))
                 if not missing:
-                    break
+                    self.running = True
+                    return dict(self.host_keys)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PlatformError(
@@ -138,91 +299,124 @@ class Leader:
                         f"{', '.join(missing)} (is the container running there, and can it "
                         f"reach this leader?)")
                 self.condition.wait(left)
-        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
-        return dict(self.host_keys)
 
-    def _heartbeat(self) -> None:
-        while not self.finished.wait(HEARTBEAT_INTERVAL):
-            with self.condition:
-                connections = list(self.connections.values())
-            for connection in connections:
-                _send(connection, "PING")
-
-    def finish(self, code: int, reason: str, timeout: float = 5.0) -> None:
+    def finish(self, outcome: Outcome, timeout: float = 5.0) -> None:
         """Tell every connected worker the outcome and wait (briefly) until they have it."""
-        self.finished.set()
         with self.condition:
-            connections = dict(self.connections)
-        for connection in connections.values():
-            _send(connection, f"EXIT {code} {json.dumps(reason)}")
+            self.outcome = outcome
+            peers = dict(self.peers)
+        for peer in peers.values():  # each its own thread: a stuck peer delays no other
+            threading.Thread(target=peer.send, args=(_exit_line(outcome),), daemon=True).start()
         deadline = time.monotonic() + timeout
         with self.condition:
-            while not set(connections) <= self.said_bye and time.monotonic() < deadline:
+            while time.monotonic() < deadline and any(
+                    host not in self.said_bye and not peer.closed.is_set()
+                    for host, peer in peers.items()):
                 self.condition.wait(deadline - time.monotonic())
-        for connection in connections.values():
-            connection.close()
+        for peer in peers.values():
+            peer.close()
+        self.close()
+
+    def close(self) -> None:
+        """Stop listening (shutdown first: a plain close leaves accept() blocked, listening)."""
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.server.close()
 
 
-def follow_leader(leader: str, port: int, host: str, *, leader_timeout: float,
-                  heartbeat_timeout: float,
-                  on_key: Callable[[str], str]) -> tuple[int, str]:
-    """The worker's side: returns the job's (exit code, reason) as the leader reports it.
+def follow_leader(leader: str, port: int, host: str, *, address: str, leader_timeout: float,
+                  heartbeat_timeout: float, on_key: Callable[[str], str]) -> Outcome:
+    """The worker's side: the job's outcome as the leader reports it.
 
-    `on_key(public_key)` prepares this host (starts its sshd) and returns the host key.
+    `address` is this host's cluster address (the leader accepts this host only from it);
+    `on_key(public_key)` prepares this host (starts its sshd) and returns the host key. A
+    leader that closes the connection before answering (it is busy: too many connections)
+    is tried again until `leader_timeout`.
     """
-    connection = _connect(leader, port, leader_timeout)
-    lines = _Lines(connection)
-    try:
-        _send(connection, f"HELLO {host}")
-        line = _expect(lines, leader, heartbeat_timeout)
-        if line.startswith("EXIT "):
-            return _outcome(line)
+    deadline = time.monotonic() + leader_timeout
+    while True:
+        peer = _Connection(_connect(leader, port, address, deadline, leader_timeout))
         try:
-            host_key = on_key(line.partition(" ")[2])
-        except TrainError as error:
-            _send(connection, f"FAIL {error}")
-            raise
-        _send(connection, f"READY {host_key}")
-        while True:
-            line = _expect(lines, leader, heartbeat_timeout)
-            if line.startswith("EXIT "):
-                _send(connection, "BYE")
-                return _outcome(line)
-    finally:
-        connection.close()
+            peer.send(f"HELLO {host}")
+            peer.ping_until_closed()
+            try:
+                line = _expect(peer, leader, heartbeat_timeout)
+            except _Closed:
+                if time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                raise PlatformError(
+                    f"the leader {leader} refused this host until leader_timeout "
+                    f"({leader_timeout:g} s): does {host} resolve on the leader to this host's "
+                    f"address {address}?") from None
+            return line if isinstance(line, Outcome) else _serve_leader(peer, line, leader,
+                                                                        heartbeat_timeout, on_key)
+        finally:
+            peer.close()
 
 
-def _connect(leader: str, port: int, timeout: float) -> socket.socket:
-    deadline = time.monotonic() + timeout
+def _serve_leader(peer: _Connection, key_line: str, leader: str, heartbeat_timeout: float,
+                  on_key: Callable[[str], str]) -> Outcome:
+    try:
+        host_key = on_key(key_line.partition(" ")[2])
+    except TrainError as error:
+        peer.send(f"FAIL {error}")
+        raise
+    peer.send(f"READY {host_key}")
+    try:
+        outcome = _expect(peer, leader, heartbeat_timeout)
+    except _Closed:
+        raise PlatformError(f"lost contact with the leader {leader}: it closed the "
+                            f"connection before reporting the job's outcome") from None
+    if not isinstance(outcome, Outcome):
+        raise PlatformError(f"the leader {leader} sent {outcome[:80]!r} instead of the outcome")
+    peer.send("BYE")
+    return outcome
+
+
+def _connect(leader: str, port: int, address: str, deadline: float,
+             timeout: float) -> socket.socket:
+    """A connection to the leader from this host's address, retried until `deadline`."""
     delay = 0.1
     while True:
         try:
-            return socket.create_connection((leader, port), timeout=5)
+            return socket.create_connection((leader, port), timeout=5,
+                                            source_address=(address, 0))
         except OSError as error:
             if time.monotonic() + delay >= deadline:
                 raise PlatformError(
                     f"the leader {leader} never answered on port {port} within {timeout:g} s "
-                    f"({error.strerror or error}); is the leader host up and running this "
-                    f"image?") from None
+                    f"({error.strerror or error}): it has not started, or it has already "
+                    f"ended (a leader waits host_timeout for its workers, then fails)") \
+                    from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
 
-def _expect(lines: _Lines, leader: str, timeout: float) -> str:
+class _Closed(Exception):
+    """The leader closed the connection."""
+
+
+def _expect(peer: _Connection, leader: str, timeout: float) -> str | Outcome:
+    """The leader's next line that is not a heartbeat, as an Outcome if it is EXIT."""
     try:
-        line = lines.read(timeout)
+        while (line := peer.read(time.monotonic() + timeout)) == "PING":
+            pass
     except socket.timeout:
         raise PlatformError(f"lost contact with the leader {leader}: silent for "
                             f"{timeout:g} s") from None
-    except OSError as error:
+    except ConnectionResetError:
+        raise _Closed() from None
+    except (OSError, ProtocolError) as error:
         raise PlatformError(f"lost contact with the leader {leader}: {error}") from None
     if line is None:
-        raise PlatformError(f"lost contact with the leader {leader}: it closed the "
-                            f"connection before reporting the job's outcome")
-    return line
-
-
-def _outcome(line: str) -> tuple[int, str]:
-    _, code, reason = line.split(" ", 2)
-    return int(code), json.loads(reason)
+        raise _Closed()
+    if not line.startswith("EXIT "):
+        return line
+    try:
+        return _outcome(line)
+    except ValueError:
+        raise PlatformError(f"the leader {leader} sent a malformed outcome: {line[:200]!r}") \
+            from None

@@ -4,11 +4,14 @@ SageMaker shows the first 1024 characters of that file as the job's FailureReaso
 name the failing host, rank and exit code and that rank's last error line, not MPI_ABORT
 boilerplate. Two sources feed it:
 
-- the rank side prints one marker line when it fails (`report_rank_failure`), which mpirun
-  forwards to the leader tagged with the rank (`--tag-output`);
+- the rank side prints one failure report when it fails (train.rank, in the format of
+  container.protocol), which mpirun forwards to the leader tagged with the rank
+  (`--tag-output`); it carries the kind of failure, which decides the exit code;
 - mpirun's own messages say which process it saw die first, with what code or signal, and
   which daemon (host) it lost.
 
+A host that vanished or could not be reached over ssh is a cluster failure; a rank that
+died without a report (killed by a signal, `os._exit`) is a rank failure with mpirun's code.
 Everything here is pure text processing, so it is tested against real mpirun output.
 """
 
@@ -21,12 +24,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from container.paths import MlPaths
+from container.protocol import FailureKind, RankFailure, exit_code, parse_rank_failure
 
 FAILURE_LIMIT = 1024
-MARKER = "TRAIN-FAILURE"
 
 _TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
-_MARKER = re.compile(MARKER + r" rank=(?P<rank>\d+) host=(?P<host>\S+): (?P<error>.*)$")
 _ABORT = re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
                     r"with errorcode (?P<code>-?\d+)")
 _EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s+Exit code:\s+(?P<code>-?\d+)")
@@ -37,11 +39,21 @@ _SSH = re.compile(r"ssh: (?:connect to host (?P<host>\S+)|Could not resolve host
                   r"(?P<unresolved>[^:\s]+))[^\n]*")
 
 
-def report_rank_failure(rank: int, host: str, error: BaseException) -> None:
-    """Called on a rank that is about to die: one line, one write, so tags stay intact."""
-    text = f"{type(error).__name__}: {error}".replace("\n", " ").strip()
-    sys.stderr.write(f"{MARKER} rank={rank} host={host}: {text[:600]}\n")
-    sys.stderr.flush()
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: `kind` None on success; `reason` is what the failure file says."""
+
+    kind: FailureKind | None
+    reason: str
+    exit_code: int
+
+    @classmethod
+    def success(cls) -> "Outcome":
+        return cls(None, "", 0)
+
+    @classmethod
+    def failed(cls, kind: FailureKind, reason: str, rank_code: int = 1) -> "Outcome":
+        return cls(kind, reason, exit_code(kind, rank_code))
 
 
 @dataclass
@@ -49,7 +61,7 @@ class OutputLog:
     """What the supervisor remembers of mpirun's output while streaming it."""
 
     last_rank_error: dict[int, str] = field(default_factory=dict)
-    markers: list[tuple[int, str, str]] = field(default_factory=list)
+    reports: list[RankFailure] = field(default_factory=list)
     untagged: deque = field(default_factory=lambda: deque(maxlen=400))
     tail: deque = field(default_factory=lambda: deque(maxlen=20))
 
@@ -58,9 +70,9 @@ class OutputLog:
         self.tail.append(line)
         tagged = _TAG.match(line)
         text = tagged["text"] if tagged else line
-        marker = _MARKER.search(text)
-        if marker:
-            self.markers.append((int(marker["rank"]), marker["host"], marker["error"]))
+        report = parse_rank_failure(text)
+        if report:
+            self.reports.append(report)
         if not tagged:
             self.untagged.append(line)
         elif tagged["stream"] == "stderr" and _is_error_line(text):
@@ -74,36 +86,44 @@ def _is_error_line(text: str) -> bool:
                          r"^[A-Za-z_.]*Error$", stripped))
 
 
-def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]) -> str:
-    """The failure reason for a job whose mpirun exited with `exit_code`."""
+def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]) -> Outcome:
+    """How a job whose mpirun exited with `exit_code` failed, and why."""
     text = "\n".join(log.untagged)
-    if log.markers:
-        rank, host, error = log.markers[0]
-        code = _code_of(text, rank) or exit_code
-        return f"rank {rank} on host {host} failed (exit code {code}): {error}"
+    if log.reports:
+        report = log.reports[0]
+        code = _code_of(text, report.rank) or exit_code
+        how = f"exit code {code}" if report.kind is FailureKind.RANK else \
+            f"{report.kind.value} error"
+        return Outcome.failed(report.kind, f"rank {report.rank} on host {report.host} failed "
+                              f"({how}): {report.error}", code)
     lost = _LOST.search(text)
     if lost:
-        return (f"lost contact with host {lost['host']}: its MPI daemon vanished (host "
-                f"killed, out of memory or network down); the job on every host was stopped")
+        return Outcome.failed(FailureKind.CLUSTER, (
+            f"lost contact with host {lost['host']}: its MPI daemon vanished (host killed, out "
+            f"of memory or network down); the job on every host was stopped"))
     signal = _SIGNAL.search(text)
     if signal:
         rank = int(signal["rank"])
         name = f" ({signal['name']})" if signal["name"] else ""
         hint = " - likely out of memory" if signal["signal"] == "9" else ""
-        return (f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
-                f"{signal['signal']}{name}{hint}{_last_error(log, rank)}")
+        return Outcome.failed(FailureKind.RANK, (
+            f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
+            f"{signal['signal']}{name}{hint}{_last_error(log, rank)}"), exit_code)
     for pattern in (_ABORT, _EXITED):
         found = pattern.search(text)
         if found:
             rank = int(found["rank"])
-            return (f"rank {rank} on host {host_of_rank(rank)} exited with code "
-                    f"{found['code']}{_last_error(log, rank)}")
+            return Outcome.failed(FailureKind.RANK, (
+                f"rank {rank} on host {host_of_rank(rank)} exited with code "
+                f"{found['code']}{_last_error(log, rank)}"), exit_code)
     ssh = _SSH.search(text)
     if ssh:
         host = ssh["host"] or ssh["unresolved"]
-        return f"mpirun could not start ranks on host {host} over ssh: {ssh.group(0).strip()}"
+        return Outcome.failed(FailureKind.CLUSTER, f"mpirun could not start ranks on host "
+                              f"{host} over ssh: {ssh.group(0).strip()}")
     last = next((line for line in reversed(log.tail) if line.strip()), "no output")
-    return f"mpirun exited with code {exit_code}; last output: {last.strip()}"
+    return Outcome.failed(FailureKind.RANK, f"mpirun exited with code {exit_code}; last "
+                          f"output: {last.strip()}", exit_code)
 
 
 def _code_of(text: str, rank: int) -> int | None:
@@ -120,9 +140,18 @@ def _last_error(log: OutputLog, rank: int) -> str:
 
 
 def write_failure(paths: MlPaths, message: str) -> None:
-    """Write the reason SageMaker shows; the limit is SageMaker's, so cut to it."""
-    paths.output_dir.mkdir(parents=True, exist_ok=True)
+    """Write the reason SageMaker shows; the limit is SageMaker's, so cut to it.
+
+    A failure file that cannot be written (read-only or full disk) must not change the job's
+    exit code: the reason goes to stderr, which SageMaker keeps in the job's log.
+    """
     encoded = message.encode()[:FAILURE_LIMIT].decode(errors="ignore")
     temporary = paths.failure_file.with_suffix(".tmp")
-    temporary.write_text(encoded)
-    temporary.replace(paths.failure_file)
+    try:
+        paths.output_dir.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(encoded)
+        temporary.replace(paths.failure_file)
+    except OSError as error:
+        print(f"launcher: cannot write the failure file {paths.failure_file} "
+              f"({error.strerror or error}); the reason was: {message}", file=sys.stderr,
+              flush=True)

@@ -44,7 +44,8 @@ class LaunchConfig:
         900.0, "Seconds a worker waits for the leader to answer at start before failing.",
         minimum=1.0, maximum=86400.0)
     heartbeat_timeout: float = hp(
-        30.0, "Seconds of silence from the leader after which a worker stops waiting.",
+        30.0, "Seconds of silence after which a worker gives up on its leader, or the leader "
+        "on a worker that is not yet ready.",
         minimum=2.0, maximum=3600.0)
     stop_grace: float = hp(
         90.0, "Seconds between SIGTERM and forcing the ranks down; the trainer saves a "

@@ -22,6 +22,10 @@ EFA_INSTANCES = ("ml.g5.48xlarge", "ml.g6.48xlarge", "ml.p3dn.24xlarge")
 # GPUDirect RDMA over EFA is available (and must be switched on) only on these.
 EFA_RDMA_FAMILIES = ("ml.p4d.", "ml.p4de.")
 
+# MCA parameters that decide how mpirun reaches the other hosts: the launcher's ssh with the
+# job's key and strict host-key checking. A user's value would silently weaken that.
+RESERVED_MCA = ("plm_rsh_args", "plm_rsh_agent")
+
 # Options that take a fixed number of values; every other option takes one value when the
 # next token is not itself an option.
 _ARITY = {"mca": 2, "x": 1}
@@ -68,6 +72,11 @@ def parse_options(text: str) -> list[Option]:
         values = tokens[index + 1:index + 1 + arity]
         if len(values) < arity:
             raise ConfigError(f"hyperparameter mpi_options: {token} needs {arity} value(s)")
+        if token.lstrip("-") == "mca" and values[0] in RESERVED_MCA:
+            raise ConfigError(
+                f"hyperparameter mpi_options: -mca {values[0]} is set by the launcher (its ssh "
+                f"uses the job's own key and checks host keys strictly); remove it from "
+                f"mpi_options")
         options.append(Option((token, *values)))
         index += 1 + arity
     return options

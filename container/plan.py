@@ -175,8 +175,9 @@ def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
     if settings.program:
         script = job.paths.code_dir / settings.program
         if not script.resolve().is_relative_to(job.paths.code_dir.resolve()):
-            raise ConfigError(f"script mode: program {settings.program!r} is outside "
-                              f"{job.paths.code_dir}; give a path relative to that folder")
+            raise ConfigError(f"script mode: program {settings.program!r} points outside the "
+                              f"code folder {job.paths.code_dir}; give a path inside it, such "
+                              "as 'train.py' or 'src/train.py'")
         if not script.is_file():
             origin = submit_directory(launch, environ)
             raise ConfigError(

@@ -31,9 +31,7 @@ KbdInteractiveAuthentication no
 PermitEmptyPasswords no
 UsePAM no
 StrictModes no
-AllowTcpForwarding no
-AllowAgentForwarding no
-X11Forwarding no
+DisableForwarding yes
 PermitTunnel no
 PrintMotd no
 MaxStartups 64:30:256
@@ -90,8 +88,9 @@ def _keygen(path: Path) -> str:
 
 
 def make_runtime(runtime: Path) -> SshFiles:
-    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-    runtime.chmod(0o700)
+    """The job's files in `runtime`, a private folder made by tempfile.mkdtemp (0700)."""
+    if runtime.stat().st_mode & 0o077:
+        raise PlatformError(f"the job's runtime folder {runtime} is readable by others")
     return SshFiles(runtime)
 
 
@@ -106,7 +105,7 @@ def start_sshd(files: SshFiles, *, address: str, port: int,
     host_public_key = _keygen(files.host_key)
     authorized = files.runtime / "authorized_keys"
     authorized.write_text(
-        f"no-port-forwarding,no-agent-forwarding,no-X11-forwarding {authorized_key}\n")
+        f"restrict {authorized_key}\n")
     authorized.chmod(0o600)
     config = files.runtime / "sshd_config"
     config.write_text(SSHD_CONFIG.format(port=port, address=address, runtime=files.runtime))

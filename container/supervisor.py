@@ -14,19 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
-from container.failure import OutputLog, summarize
-
-STOPPED_MARKER = "TRAIN-STOPPED"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    exit_code: int
-    reason: str  # empty on success
-    stopped: bool  # a stop signal arrived while the job ran
+from container.failure import Outcome, OutputLog, summarize
+from container.protocol import FailureKind, parse_stopped
 
 
 class StopSignals:
@@ -91,11 +82,10 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
     sys.stdout.flush()
     stopped = stops.received.is_set()
     if exit_code == 0 and not stopped:
-        return Outcome(0, "", False)
+        return Outcome.success()
     if stopped:
-        saved = [line for line in log.tail if STOPPED_MARKER in line]
-        detail = saved[-1].split(STOPPED_MARKER, 1)[1].strip() if saved else \
-            "no checkpoint was confirmed"
-        return Outcome(exit_code or 143, f"training was stopped by a signal (job stopped, "
-                       f"max runtime or spot reclaim); {detail}", True)
-    return Outcome(exit_code, summarize(log, exit_code, host_of_rank), False)
+        saved = [detail for line in log.tail if (detail := parse_stopped(line)) is not None]
+        detail = saved[-1] if saved else "no checkpoint was confirmed"
+        return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
+                              f"stopped, max runtime or spot reclaim); {detail}")
+    return summarize(log, exit_code, host_of_rank)

@@ -14,16 +14,19 @@ What it does, on every host of the job:
    Several hosts: every host resolves every host name (retrying until `host_timeout`).
    The leader makes a fresh ssh key for the job, starts its own sshd and a coordinator on
    `coordinator_port`; each worker connects there, receives the key, starts its sshd and
-   reports ready with its host key. The leader waits for every worker (naming any that never
-   came), checks every sshd answers, then runs mpirun across the hosts. Workers hold until
-   the leader reports the outcome, and exit with it within a second or two; a worker whose
-   leader never answers or goes silent exits non-zero naming the leader.
+   reports ready with its host key (container.coordination: any start order, heartbeats both
+   ways, only the cluster's own addresses heard). The leader waits for every worker (naming
+   any that never came), checks every sshd answers, then runs mpirun across the hosts.
+   Workers hold until the leader reports the outcome, and exit with it within a second or
+   two; a worker whose leader never answers or goes silent exits 3 naming the leader.
 4. Ranks run `python -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
    in script mode (`sagemaker_program` / SAGEMAKER_PROGRAM), the user's script from
    <ml-root>/code with the SM_* environment and the hyperparameters as arguments.
 5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's
-   orte_abort_on_non_zero_status) and every host exits non-zero. <ml-root>/output/failure
-   names the failing host, rank, exit code and that rank's last error line.
+   orte_abort_on_non_zero_status) and every host exits with the same code, decided by the kind
+   of failure (container.protocol.exit_code: 2 configuration or data, 3 cluster, 143 stopped,
+   else the rank's own). <ml-root>/output/failure starts with the root cause on every host:
+   the failing host, rank and that rank's error.
 6. SIGTERM: forwarded to the ranks, which save a checkpoint and stop; see
    container.supervisor. Exit code 0 = Completed, anything else = Failed.
 """
@@ -45,12 +48,13 @@ from pathlib import Path
 from container import network, source_dir, sshd
 from container.coordination import Leader, follow_leader
 from container.errors import TrainError
-from container.failure import write_failure
+from container.failure import Outcome, write_failure
 from container.init import become_init
 from container.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import LaunchPlan, make_plan
+from container.protocol import FailureKind, Mark, mark_line
 from container.sagemaker_config import read_job_config
-from container.supervisor import Outcome, run_mpirun
+from container.supervisor import run_mpirun
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +86,7 @@ def count_gpus() -> int:
 
 def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     """The one top-level handler: every failure becomes the failure file and an exit code."""
-    runtime = Path(tempfile.gettempdir()) / f"train-job-{os.getpid()}"
+    runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
     try:
         job = read_job_config(paths)
         source_dir.prepare(job)
@@ -94,11 +98,11 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         log_plan(plan)
         outcome = execute(plan, runtime)
     except TrainError as error:
-        outcome = Outcome(error.exit_code, str(error), False)
+        outcome = Outcome.failed(error.kind, str(error))
     except Exception as error:  # a bug here, not the user's: say so, with the traceback in the log
         traceback.print_exc()
-        outcome = Outcome(1, f"internal error in the launcher: {type(error).__name__}: {error}",
-                          False)
+        outcome = Outcome.failed(FailureKind.INTERNAL, f"internal error in the launcher: "
+                                 f"{type(error).__name__}: {error}")
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     return report(paths, outcome, dry_run)
@@ -107,6 +111,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
 def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
     if outcome.exit_code == 0:
         print("launcher: job completed", flush=True)
+        print(mark_line(Mark.JOB_DONE), flush=True)
         return 0
     print(f"launcher: job FAILED (exit code {outcome.exit_code}): {outcome.reason}",
           file=sys.stderr, flush=True)
@@ -143,38 +148,41 @@ def execute(plan: LaunchPlan, runtime: Path) -> Outcome:
 def run_leader(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     cluster, launch = plan.cluster, plan.launch
     public_key = sshd.make_client_key(files)
-    coordinator = Leader(launch.coordinator_port, cluster.workers, public_key)
+    address = network.address_of(cluster.current_host)
+    coordinator = Leader(address=address, port=launch.coordinator_port,
+                         workers=list(cluster.workers), public_key=public_key,
+                         heartbeat_timeout=launch.heartbeat_timeout)
     own_sshd = None
     try:
         own_sshd, own_host_key = sshd.start_sshd(
-            files, address=network.address_of(cluster.current_host), port=launch.sshd_port,
-            authorized_key=public_key)
+            files, address=address, port=launch.sshd_port, authorized_key=public_key)
         host_keys = {cluster.current_host: own_host_key,
                      **coordinator.wait_ready(launch.host_timeout)}
         files.known_hosts.write_text("".join(
             sshd.known_hosts_line(host, launch.sshd_port, key) for host, key in host_keys.items()))
         network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         print(f"launcher: all {len(cluster.hosts)} hosts ready", flush=True)
+        print(mark_line(Mark.HOSTS_READY), flush=True)
         outcome = run_mpirun(list(plan.mpirun), grace=launch.stop_grace,
                              host_of_rank=cluster.host_of_rank)
     except TrainError as error:
-        coordinator.finish(error.exit_code, str(error))
+        coordinator.finish(Outcome.failed(error.kind, str(error)))
         raise
     finally:
         sshd.stop(own_sshd)
-    coordinator.finish(outcome.exit_code, outcome.reason)
+    coordinator.finish(outcome)
     return outcome
 
 
 def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     """Serve the leader's mpirun over sshd until the leader reports the job's outcome."""
     cluster, launch = plan.cluster, plan.launch
+    address = network.address_of(cluster.current_host)
     started: list = []
 
     def prepare(public_key: str) -> str:
         process, host_key = sshd.start_sshd(
-            files, address=network.address_of(cluster.current_host), port=launch.sshd_port,
-            authorized_key=public_key)
+            files, address=address, port=launch.sshd_port, authorized_key=public_key)
         started.append(process)
         return host_key
 
@@ -182,16 +190,21 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     previous = signal.signal(signal.SIGTERM, lambda *_: print(
         "launcher: SIGTERM received; the leader is stopping the job", flush=True))
     try:
-        code, reason = follow_leader(
-            cluster.leader, launch.coordinator_port, cluster.current_host,
+        outcome = follow_leader(
+            cluster.leader, launch.coordinator_port, cluster.current_host, address=address,
             leader_timeout=launch.leader_timeout, heartbeat_timeout=launch.heartbeat_timeout,
             on_key=prepare)
     finally:
         signal.signal(signal.SIGTERM, previous)
         for process in started:
             sshd.stop(process)
-    print(f"launcher: the leader {cluster.leader} reports exit code {code}", flush=True)
-    return Outcome(code, reason and f"reported by the leader {cluster.leader}: {reason}", False)
+    print(f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}",
+          flush=True)
+    if outcome.kind is None:
+        return outcome
+    # The root cause first: SageMaker may show any host's failure file.
+    return Outcome(outcome.kind, f"{outcome.reason} (reported to {cluster.current_host} by "
+                   f"the leader {cluster.leader})", outcome.exit_code)
 
 
 if __name__ == "__main__":

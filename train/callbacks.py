@@ -9,15 +9,8 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 from mpi4py import MPI
 
+from container.protocol import metrics_line
 from train.rank import StopRequest, emit
-
-METRICS_PREFIX = "METRICS"
-
-
-def metrics_line(epoch: int, logs: dict[str, float]) -> str:
-    """The stable, regex-friendly line SageMaker metric definitions read: one per epoch."""
-    values = " ".join(f"{key}={float(value):.6g}" for key, value in logs.items())
-    return f"{METRICS_PREFIX} epoch={epoch} {values}"
 
 
 class StopOnRequest(tf.keras.callbacks.Callback):

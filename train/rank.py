@@ -6,7 +6,8 @@ these a rank knows its own host without trusting any inherited SM_CURRENT_HOST. 
 the launcher (plain `mpirun` or `python script.py`), a rank falls back to one host.
 
 `run_rank` installs the stop signal first (before TensorFlow is imported, which takes
-seconds) and turns any exception into a one-line failure report for the launcher, then lets
+seconds) and turns any exception into a one-line failure report for the launcher (with the
+error's kind, so a ConfigError or DataError ends the job as a configuration error), then lets
 it propagate so `python -m mpi4py` aborts every rank.
 """
 
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from container.errors import PlatformError
-from container.failure import report_rank_failure
 from container.paths import DEFAULT_ML_ROOT, MlPaths
+from container.protocol import rank_failure
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,12 @@ class StopRequest:
         return cls.event.is_set()
 
 
+def report_failure(rank: int, host: str, error: BaseException) -> None:
+    """One failure report on stderr in one write, so mpirun's tag stays on the line."""
+    sys.stderr.write(rank_failure(rank, host, error).line() + "\n")
+    sys.stderr.flush()
+
+
 def run_rank(body: Callable[[RankContext], None]) -> None:
     StopRequest.install()
     context = None
@@ -105,10 +112,10 @@ def run_rank(body: Callable[[RankContext], None]) -> None:
         body(context)
     except SystemExit as stop:
         if stop.code not in (0, None) and not StopRequest.event.is_set():
-            report_rank_failure(*_who(context), RuntimeError(f"exited with code {stop.code}"))
+            report_failure(*_who(context), RuntimeError(f"exited with code {stop.code}"))
         raise
     except BaseException as error:
-        report_rank_failure(*_who(context), error)
+        report_failure(*_who(context), error)
         raise
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from container.errors import PlatformError
 from container.sagemaker_config import Channel, read_channels
-from container.supervisor import STOPPED_MARKER
+from container.protocol import Mark, mark_line, stopped_line
 from train import distributed
 from train.accumulation import AccumulatingModel
 from train.batching import BatchPlan
@@ -34,6 +34,11 @@ from train.schedule import WarmupSchedule
 def say(message: str) -> None:
     if hvd.rank() == 0:
         emit(f"trainer: {message}")
+
+
+def mark(moment: Mark) -> None:
+    if hvd.rank() == 0:
+        emit(mark_line(moment))
 
 
 def load_share(context: RankContext, channel: Channel) -> Dataset:
@@ -144,6 +149,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     layout = hvd_tf.allgather_object(f"{context.rank}@{context.host}", name="layout")
     say(f"{hvd.size()} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, "
         f"Horovod over {'MPI' if hvd.mpi_enabled() else 'Gloo'}")
+    mark(Mark.RANKS_UP)
     say(plan.derivation())
 
     channels = read_channels(paths.input_data_config, paths.data_dir)
@@ -159,6 +165,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
     say(f"{total} training samples, {len(classes)} classes, sample shape "
         f"{train_share.x.shape[1:]}; {steps_per_epoch} optimizer steps per epoch")
+    mark(Mark.DATA_READ)
 
     validation = None
     if "validation" in channels or paths.channel("validation").is_dir():
@@ -182,10 +189,9 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     initial_epoch, history = 0, {}
     if hvd.rank() == 0:
         store.clean_torn()
-        latest = store.latest()
-        if latest:
-            folder, state = latest
-            CheckpointStore.restore(checkpoint, folder)
+        resumed = store.resume(checkpoint, lambda message: emit(f"trainer: {message}"))
+        if resumed:
+            folder, state = resumed
             initial_epoch = state["epochs_done"]
             history = state.get("history", {})
             emit(f"trainer: resumed from {folder} (epochs done: {initial_epoch})")
@@ -214,8 +220,8 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
 
     if stop.stopped_in_epoch is not None:
         save(stop.stopped_in_epoch, interrupted=True)
-        say(f"{STOPPED_MARKER} checkpoint saved in {paths.checkpoint_dir}; a restarted job "
-            f"resumes at epoch {stop.stopped_in_epoch + 1}")
+        say(stopped_line(f"checkpoint saved in {paths.checkpoint_dir}; a restarted job "
+                         f"resumes at epoch {stop.stopped_in_epoch + 1}"))
         return
     if hvd.rank() == 0:
         final = {k: v[-1] for k, v in report.history.items()} if report.history else {}
@@ -229,3 +235,4 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
         summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()
                            if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
         emit(f"RESULT {summary} model={exported}")
+        emit(mark_line(Mark.MODEL_EXPORTED))

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from container.network import free_port
+from container.protocol import parse_mark, parse_metrics
 from scripts.bench.jobs import DataShape, synthetic, write_job, write_npz
 from scripts.bench.launch import PYTHON, TRAIN, log
 from scripts.bench.results import Measurement, Target, median
@@ -48,14 +49,8 @@ BARE_IMPORT = "import tensorflow, horovod.tensorflow"
 LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.2")
 MODES = ("containers", "loopback")
 TIMEOUT = 300
-# The marks a 2-host run is timed by, in the leader's output: every METRICS line, and the
-# first line holding each of MARKS (for the breakdown in the JSON).
-STEP = "METRICS epoch="
-MARKS = {"hosts_ready": "launcher: all 2 hosts ready",
-         "ranks_up": "trainer: 2 rank(s)",
-         "data_read": "optimizer steps per epoch",
-         "model_exported": "RESULT ",
-         "mpirun_done": "launcher: job completed"}
+# A 2-host run is timed by the leader's structured lines (container.protocol): every METRICS
+# line, and the first TRAIN-MARK of each kind (for the breakdown in the JSON).
 TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
 
 
@@ -100,12 +95,12 @@ class Timeline:
 
 def mark_times(lines: Sequence[tuple[float, str]]) -> tuple[list[float], dict[str, float]]:
     """(times of the METRICS lines, {mark: time of its first line}) from (time, line) pairs."""
-    steps = [t for t, line in lines if STEP in line]
-    marks = {}
-    for name, text in MARKS.items():
-        found = next((t for t, line in lines if text in line), None)
-        if found is not None:
-            marks[name] = found
+    steps = [t for t, line in lines if parse_metrics(line) is not None]
+    marks: dict[str, float] = {}
+    for t, line in lines:
+        mark = parse_mark(line)
+        if mark is not None:
+            marks.setdefault(mark.value, t)
     return steps, marks
 
 

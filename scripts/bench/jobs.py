@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import subprocess
 import threading
 import time
@@ -21,12 +20,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from container import protocol
 from container.paths import MlPaths
 from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
 from scripts.bench.launch import TRAIN, log, stop
 
 CLASSES = 10
-METRICS = re.compile(r"METRICS epoch=(\d+) (.*)")
 RANK_PROGRAM = "train.rank_main"  # the rank processes' `-m` module
 
 
@@ -71,15 +70,9 @@ def write_job(root: Path, hyperparameters: Mapping[str, Any],
 
 
 def parse_metrics(output: str) -> list[dict[str, float]]:
-    """The trainer's `METRICS epoch=N key=value ...` lines, in order."""
-    epochs = []
-    for match in METRICS.finditer(output):
-        values = {"epoch": float(match.group(1))}
-        for pair in match.group(2).split():
-            key, _, value = pair.partition("=")
-            values[key] = float(value)
-        epochs.append(values)
-    return epochs
+    """The trainer's METRICS lines (container.protocol), in order."""
+    return [values for line in output.splitlines()
+            if (values := protocol.parse_metrics(line)) is not None]
 
 
 def peak_rss(pid: int) -> int | None:

@@ -8,7 +8,8 @@ Keys appear only when computed; `val_*` only with a validation channel. SageMake
 definition's regex over every log line and records its first group as the metric's value, so
 each regex finds `METRICS` anywhere in the line and then its key preceded by whitespace, which
 keeps `loss=` from matching inside `val_loss=`. NaN or infinite values are not numbers to
-SageMaker and are not captured. Tuning objectives come from the same table.
+SageMaker and are not captured. Tuning objectives come from the same table. The line's format has one home,
+container.protocol (its writer and the parser the benchmarks use).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-MARKER = "METRICS"
+from container.protocol import METRICS_PREFIX as MARKER
 NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 
 

@@ -104,12 +104,17 @@ def test_parse_timestamp_rejects_other_text():
 
 
 def test_timeline_from_the_leaders_lines():
-    lines = [(10.0, "launcher: all 2 hosts ready\n"), (14.0, "trainer: 2 rank(s): 0@a, 1@b\n"),
-             (14.5, "trainer: 512 training samples ... 1 optimizer steps per epoch\n"),
-             (18.0, "METRICS epoch=1 loss=1\n"), (18.2, "METRICS epoch=2 loss=1\n"),
-             (19.0, "RESULT loss=1 model=/m\n"), (19.5, "launcher: job completed\n")]
+    lines = [(10.0, "TRAIN-MARK hosts_ready\n"), (10.1, "launcher: all 2 hosts ready\n"),
+             (14.0, "[1,0]<stdout>:TRAIN-MARK ranks_up\n"),
+             (14.5, "[1,0]<stdout>:TRAIN-MARK data_read\n"),
+             (18.0, "[1,0]<stdout>:METRICS epoch=1 loss=1\n"), (18.2, "METRICS epoch=2 loss=1\n"),
+             (19.0, "[1,0]<stdout>:TRAIN-MARK model_exported\n"),
+             (19.2, "[1,0]<stdout>:TRAIN-MARK model_exported\n"),  # only the first counts
+             (19.5, "TRAIN-MARK job_done\n"), (19.6, "TRAIN-MARK no_such_mark\n")]
     steps, marks = cluster.mark_times(lines)
-    assert steps == [18.0, 18.2] and marks["model_exported"] == 19.0
+    assert steps == [18.0, 18.2]
+    assert marks == {"hosts_ready": 10.0, "ranks_up": 14.0, "data_read": 14.5,
+                     "model_exported": 19.0, "job_done": 19.5}
     timeline = cluster.Timeline(hosts_started=[9.0, 9.5], hosts_exited=[20.0, 20.5],
                                 steps=steps, marks=marks)
     assert timeline.startup() == pytest.approx(9.0)

@@ -148,34 +148,6 @@ def test_one_host_job(engine, image, digits, tmp_path):
     assert "world size 1" in logs["algo-1"]
 
 
-def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in cluster.logs(host):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{host} never logged {text!r}:\n{cluster.logs(host)[-3000:]}")
-        if not cluster.state(host).get("Running"):
-            raise AssertionError(f"{host} exited before logging {text!r}:\n"
-                                 f"{cluster.logs(host)[-3000:]}")
-        time.sleep(1)
-
-
-def test_killing_a_worker_fails_every_host_naming_it(engine, image, digits, tmp_path):
-    spec = job_spec(tmp_path, image, digits, hosts=2, epochs=2000)
-    with compose_cluster(engine, spec, "kill") as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "METRICS epoch=3 ", timeout=600)
-        engine.run("kill", cluster.containers()["algo-2"])
-        killed = time.monotonic()
-        codes = cluster.wait_all_exited(60)  # the issue's deadline; TimeoutError otherwise
-        logs = cluster.logs("algo-1")[-3000:]
-    assert time.monotonic() - killed <= 65
-    assert codes["algo-2"] != 0 and codes["algo-1"] != 0, (codes, logs)
-    failure = local_cluster.host_paths(spec, "algo-1").failure_file
-    assert failure.exists(), logs
-    print(f"algo-1 failure after algo-2 was killed: {failure.read_text()}")
-    assert "algo-2" in failure.read_text(), failure.read_text()
-
-
 @pytest.mark.parametrize("leader", ["silent", "absent"])
 def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, leader):
     """silent: algo-1 resolves but never runs the launcher; absent: algo-1 never exists."""
@@ -194,7 +166,7 @@ def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, 
             time.sleep(1)
         code = cluster.state("algo-2")["ExitCode"]
         logs = cluster.logs("algo-2")[-3000:]
-    assert code != 0, logs
+    assert code == 3, logs  # a cluster failure
     failure = local_cluster.host_paths(spec, "algo-2").failure_file
     assert failure.exists(), logs
     print(f"algo-2 failure, leader {leader}: {failure.read_text()}")

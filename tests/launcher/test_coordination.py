@@ -1,4 +1,9 @@
-"""The leader/worker protocol over real TCP sockets on loopback."""
+"""The leader/worker protocol over real TCP sockets on loopback.
+
+The leader listens on 127.0.0.1; the workers are the hosts 127.0.0.2 and 127.0.0.3, whose
+names resolve to themselves, so "a worker only from the address its name resolves to" is
+checked for real: a stranger is any socket bound to another loopback address.
+"""
 
 import socket
 import threading
@@ -6,102 +11,268 @@ import time
 
 import pytest
 
+from container import coordination
 from container.coordination import Leader, follow_leader
 from container.errors import PlatformError
+from container.failure import Outcome
 from container.network import free_port
+from container.protocol import FailureKind
+
+LEADER = "127.0.0.1"
+WORKERS = ["127.0.0.2", "127.0.0.3"]
+FAILED = Outcome.failed(FailureKind.CONFIG, "rank 1 on host 127.0.0.2 failed (config error)")
+
+
+def start_leader(port, workers=WORKERS, heartbeat_timeout=2):
+    return Leader(address=LEADER, port=port, workers=workers, public_key="ssh-ed25519 AAAA job",
+                  heartbeat_timeout=heartbeat_timeout)
 
 
 def follow(port, host, results, **overrides):
-    options = dict(leader_timeout=10, heartbeat_timeout=5, on_key=lambda key: f"hostkey-of-{host}-for-{key}")
+    options = dict(address=host, leader_timeout=10, heartbeat_timeout=2,
+                   on_key=lambda key: f"hostkey-of-{host}-for-{key}")
     options.update(overrides)
     try:
-        results[host] = follow_leader("127.0.0.1", port, host, **options)
+        results[host] = follow_leader(LEADER, port, host, **options)
     except PlatformError as error:
         results[host] = error
 
 
+def start_worker(port, host, results, delay=0.0, **overrides):
+    def run():
+        time.sleep(delay)
+        follow(port, host, results, **overrides)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def stranger(port, source="127.0.0.9"):
+    return socket.create_connection((LEADER, port), timeout=5, source_address=(source, 0))
+
+
+def closed_without_a_word(connection, timeout=5.0):
+    """True when the leader closed this connection and never sent it a byte."""
+    connection.settimeout(timeout)
+    try:
+        return connection.recv(100_000) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_workers_get_the_key_and_the_outcome():
     port, results = free_port(), {}
-    leader = Leader(port, ["algo-2", "algo-3"], "ssh-ed25519 AAAA job")
-    threads = [threading.Thread(target=follow, args=(port, h, results)) for h in ("algo-2", "algo-3")]
-    for thread in threads:
-        thread.start()
+    leader = start_leader(port)
+    threads = [start_worker(port, host, results) for host in WORKERS]
     keys = leader.wait_ready(timeout=10)
-    assert keys == {h: f"hostkey-of-{h}-for-ssh-ed25519 AAAA job" for h in ("algo-2", "algo-3")}
-    time.sleep(1.5)  # heartbeats flow meanwhile; the workers must keep waiting
+    assert keys == {h: f"hostkey-of-{h}-for-ssh-ed25519 AAAA job" for h in WORKERS}
+    time.sleep(3)  # longer than heartbeat_timeout: heartbeats flow both ways meanwhile
     assert all(t.is_alive() for t in threads)
-    leader.finish(3, "rank 1 on host algo-2 failed")
+    leader.finish(FAILED)
     for thread in threads:
         thread.join(timeout=5)
-    assert results == {h: (3, "rank 1 on host algo-2 failed") for h in ("algo-2", "algo-3")}
+    assert results == {host: FAILED for host in WORKERS}
+
+
+def test_a_worker_ready_long_before_the_last_one_keeps_waiting():
+    # A worker ready 2x heartbeat_timeout before the other: the leader's PINGs start at its
+    # first contact, not when every worker is ready.
+    port, results = free_port(), {}
+    leader = start_leader(port)
+    threads = [start_worker(port, "127.0.0.2", results),
+               start_worker(port, "127.0.0.3", results, delay=4)]
+    leader.wait_ready(timeout=20)
+    leader.finish(Outcome.success())
+    for thread in threads:
+        thread.join(timeout=5)
+    assert results == {host: Outcome.success() for host in WORKERS}
+
+
+def test_workers_first_and_the_leader_last():
+    port, results = free_port(), {}
+    threads = [start_worker(port, host, results) for host in WORKERS]
+    time.sleep(3)
+    leader = start_leader(port)
+    leader.wait_ready(timeout=10)
+    leader.finish(Outcome.success())
+    for thread in threads:
+        thread.join(timeout=5)
+    assert results == {host: Outcome.success() for host in WORKERS}
 
 
 def test_worker_gives_up_naming_a_leader_that_never_came():
     port, results = free_port(), {}
     started = time.monotonic()
-    follow(port, "algo-2", results, leader_timeout=1.5)
-    assert isinstance(results["algo-2"], PlatformError)
-    assert f"the leader 127.0.0.1 never answered on port {port} within 1.5 s" in str(results["algo-2"])
+    follow(port, "127.0.0.2", results, leader_timeout=1.5)
+    assert isinstance(results["127.0.0.2"], PlatformError)
+    assert f"the leader 127.0.0.1 never answered on port {port} within 1.5 s" in str(results["127.0.0.2"])
     assert time.monotonic() - started < 10
+
+
+def test_a_worker_after_the_leader_gave_up_fails_naming_it():
+    port, results = free_port(), {}
+    leader = start_leader(port)
+    with pytest.raises(PlatformError, match="never reported ready within 1 s: 127.0.0.2, 127.0.0.3"):
+        leader.wait_ready(timeout=1)
+    leader.finish(Outcome.failed(FailureKind.CLUSTER, "workers missing"))
+    follow(port, "127.0.0.2", results, leader_timeout=2)
+    assert "it has not started, or it has already ended" in str(results["127.0.0.2"])
 
 
 def test_leader_names_the_workers_that_never_came():
     port, results = free_port(), {}
-    leader = Leader(port, ["algo-2", "algo-3", "algo-4"], "key")
-    thread = threading.Thread(target=follow, args=(port, "algo-3", results))
-    thread.start()
-    with pytest.raises(PlatformError, match="never reported ready within 1 s: algo-2, algo-4"):
+    leader = start_leader(port, workers=["127.0.0.2", "127.0.0.3", "127.0.0.4"])
+    thread = start_worker(port, "127.0.0.3", results)
+    with pytest.raises(PlatformError, match="never reported ready within 1 s: 127.0.0.2, 127.0.0.4"):
         leader.wait_ready(timeout=1)
-    leader.finish(3, "workers missing")
+    outcome = Outcome.failed(FailureKind.CLUSTER, "workers missing")
+    leader.finish(outcome)
     thread.join(timeout=5)
-    assert results["algo-3"] == (3, "workers missing")
+    assert results["127.0.0.3"] == outcome
 
 
 def test_worker_notices_a_leader_that_vanishes():
     port, results = free_port(), {}
-    leader = Leader(port, ["algo-2"], "key")
-    thread = threading.Thread(target=follow, args=(port, "algo-2", results))
-    thread.start()
+    leader = start_leader(port, workers=["127.0.0.2"])
+    thread = start_worker(port, "127.0.0.2", results)
     leader.wait_ready(timeout=10)
-    leader.finished.set()  # the leader process dies: no EXIT, sockets closed
-    for connection in leader.connections.values():
-        connection.shutdown(socket.SHUT_RDWR)
-        connection.close()
-    leader.server.close()
+    leader.close()  # the leader process dies: no EXIT, sockets closed
+    for peer in leader.peers.values():
+        peer.close()
     thread.join(timeout=10)
-    assert "lost contact with the leader 127.0.0.1" in str(results["algo-2"])
+    assert "lost contact with the leader 127.0.0.1" in str(results["127.0.0.2"])
 
 
 def test_silent_leader_is_detected_by_heartbeat_timeout():
     port = free_port()
-    server = socket.create_server(("127.0.0.1", port))
-    accepted = []
+    server = socket.create_server((LEADER, port))
 
     def silent():  # accepts, hands out a key, then says nothing ever again
         connection, _ = server.accept()
-        accepted.append(connection)
         connection.recv(100)
         connection.sendall(b"KEY k\n")
+        time.sleep(10)
 
     threading.Thread(target=silent, daemon=True).start()
     with pytest.raises(PlatformError, match="lost contact with the leader 127.0.0.1: silent for 2 s"):
-        follow_leader("127.0.0.1", port, "algo-2", leader_timeout=5, heartbeat_timeout=2,
-                      on_key=lambda key: "hostkey")
+        follow_leader(LEADER, port, "127.0.0.2", address="127.0.0.2", leader_timeout=5,
+                      heartbeat_timeout=2, on_key=lambda key: "hostkey")
     server.close()
 
 
-def test_a_stranger_is_turned_away():
+def test_a_worker_that_goes_silent_before_the_job_starts_is_named():
+    port = free_port()
+    leader = start_leader(port, workers=["127.0.0.2", "127.0.0.3"])
+    with stranger(port, source="127.0.0.2") as fake:  # the real address, but it never pings
+        fake.sendall(b"HELLO 127.0.0.2\n")
+        with pytest.raises(PlatformError, match="worker 127.0.0.2 could not get ready: it went "
+                                                "silent for 2 s"):
+            leader.wait_ready(timeout=30)
+    leader.finish(Outcome.failed(FailureKind.CLUSTER, "lost"))
+
+
+def test_the_coordinator_listens_on_the_cluster_address_only():
+    port = free_port()
+    leader = start_leader(port, workers=["127.0.0.2"])
+    assert leader.server.getsockname()[0] == LEADER
+    leader.finish(Outcome.success())
+
+
+@pytest.fixture
+def hostile_job(monkeypatch):
+    """A leader with two workers that arrive after hostile peers had their go; yields the port
+    and a function that runs the workers and returns their results."""
+    monkeypatch.setattr(coordination, "HELLO_TIMEOUT", 1.0)
+    port = free_port()
+    leader = start_leader(port)
+
+    def run_job():
+        results = {}
+        threads = [start_worker(port, host, results) for host in WORKERS]
+        leader.wait_ready(timeout=20)
+        leader.finish(Outcome.success())
+        for thread in threads:
+            thread.join(timeout=5)
+        return results
+
+    yield port, run_job
+    leader.close()
+
+
+def test_a_hello_for_a_real_host_from_a_wrong_address_gets_no_key(hostile_job):
+    port, run_job = hostile_job
+    with stranger(port) as fake:
+        fake.sendall(b"HELLO 127.0.0.2\n")
+        assert closed_without_a_word(fake)
+    assert run_job() == {host: Outcome.success() for host in WORKERS}
+
+
+def test_a_stranger_naming_no_worker_gets_nothing(hostile_job):
+    port, run_job = hostile_job
+    with stranger(port, source="127.0.0.2") as fake:
+        fake.sendall(b"HELLO intruder\n")
+        assert closed_without_a_word(fake)
+    with stranger(port) as fake:
+        fake.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert closed_without_a_word(fake)
+    assert run_job() == {host: Outcome.success() for host in WORKERS}
+
+
+def test_a_one_megabyte_line_is_cut_off(hostile_job):
+    port, run_job = hostile_job
+    with stranger(port) as fake:
+        try:
+            fake.sendall(b"x" * 1_000_000)
+        except ConnectionError:
+            pass  # the leader closed it while we were still sending: also right
+        assert closed_without_a_word(fake)
+    assert run_job() == {host: Outcome.success() for host in WORKERS}
+
+
+def test_a_slowloris_is_cut_off_at_the_handshake_deadline(hostile_job):
+    port, run_job = hostile_job
+    with stranger(port) as slow:
+        started = time.monotonic()
+        try:
+            for byte in b"HELLO 127.0.0.2":  # a byte every 0.3 s: no single recv times out
+                slow.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except ConnectionError:
+            pass
+        assert closed_without_a_word(slow)
+        assert time.monotonic() - started < 4.5  # HELLO_TIMEOUT is 1 s here, the trickle 4.5 s
+    assert run_job() == {host: Outcome.success() for host in WORKERS}
+
+
+def test_a_connection_flood_delays_but_does_not_stop_the_workers(hostile_job):
+    port, run_job = hostile_job
+    flood = [stranger(port) for _ in range(coordination.MAX_PENDING + 20)]
+    try:
+        assert run_job() == {host: Outcome.success() for host in WORKERS}
+    finally:
+        for connection in flood:
+            connection.close()
+
+
+def test_a_second_connection_for_a_ready_host_cannot_take_it_over():
     port, results = free_port(), {}
-    leader = Leader(port, ["algo-2"], "key")
-    follow(port, "intruder", results)
-    assert results["intruder"] == (1, "'intruder' is not a worker of this job")
-    leader.finish(0, "")
+    leader = start_leader(port, workers=["127.0.0.2"])
+    thread = start_worker(port, "127.0.0.2", results)
+    leader.wait_ready(timeout=10)
+    with stranger(port, source="127.0.0.2") as second:  # even from the right address
+        second.sendall(b"HELLO 127.0.0.2\nREADY ssh-ed25519 planted\n")
+        assert closed_without_a_word(second)
+    assert leader.host_keys == {"127.0.0.2": "hostkey-of-127.0.0.2-for-ssh-ed25519 AAAA job"}
+    leader.finish(FAILED)
+    thread.join(timeout=5)
+    assert results["127.0.0.2"] == FAILED
 
 
 def test_port_in_use_is_a_clear_error():
-    with socket.create_server(("", 0)) as taken:
+    with socket.create_server((LEADER, 0)) as taken:
         with pytest.raises(PlatformError, match="cannot listen on coordinator port"):
-            Leader(taken.getsockname()[1], ["algo-2"], "key")
+            Leader(address=LEADER, port=taken.getsockname()[1], workers=["127.0.0.2"],
+                   public_key="key", heartbeat_timeout=2)
 
 
 def test_unresolvable_hosts_are_named_and_the_leader_marked():
@@ -110,3 +281,16 @@ def test_unresolvable_hosts_are_named_and_the_leader_marked():
     with pytest.raises(PlatformError, match=r"these host names did not resolve within 1 s: "
                                             r"algo-1\.invalid \(the leader\), algo-3\.invalid"):
         wait_resolvable(["algo-1.invalid", "localhost", "algo-3.invalid"], "algo-1.invalid", 1)
+
+
+def test_a_second_ready_on_the_same_connection_changes_nothing():
+    port = free_port()
+    leader = start_leader(port, workers=["127.0.0.2"])
+    with stranger(port, source="127.0.0.2") as worker:  # a worker speaking the protocol by hand
+        worker.sendall(b"HELLO 127.0.0.2\n")
+        assert worker.makefile("rb").readline() == b"KEY ssh-ed25519 AAAA job\n"
+        worker.sendall(b"READY ssh-ed25519 first\nREADY ssh-ed25519 planted\n")
+        assert leader.wait_ready(timeout=5) == {"127.0.0.2": "ssh-ed25519 first"}
+        time.sleep(0.5)  # the second READY has arrived by now
+        assert leader.host_keys == {"127.0.0.2": "ssh-ed25519 first"}
+    leader.finish(Outcome.success(), timeout=1)

@@ -1,7 +1,9 @@
 """Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
 
-from container.failure import FAILURE_LIMIT, OutputLog, summarize, write_failure
+from container.errors import ConfigError
+from container.failure import FAILURE_LIMIT, Outcome, OutputLog, summarize, write_failure
 from container.paths import MlPaths
+from container.protocol import FailureKind, rank_failure
 
 HOSTS = ["algo-1", "algo-2"]
 
@@ -20,12 +22,22 @@ def log_of(text):
 def test_the_rank_marker_wins_and_gets_the_exit_code_of_that_rank():
     log = log_of("""[1,3]<stderr>:Traceback (most recent call last):
 [1,3]<stderr>:ValueError: bad row
-[1,3]<stderr>:TRAIN-FAILURE rank=3 host=algo-2: ValueError: bad row
+[1,3]<stderr>:TRAIN-FAILURE rank=3 host=algo-2 kind=rank: ValueError: bad row
 --------------------------------------------------------------------------
 MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD
 with errorcode 5.
 """)
-    assert summarize(log, 1, host_of) == "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row"
+    assert summarize(log, 1, host_of) == Outcome(
+        FailureKind.RANK, "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row", 5)
+
+
+def test_a_config_error_in_a_rank_is_a_config_failure_whatever_the_rank_exited_with():
+    report = rank_failure(1, "algo-1", ConfigError("channel train: row 7 has 3 columns"))
+    log = log_of(f"[1,1]<stderr>:{report.line()}\nMPI_ABORT was invoked on rank 1 in "
+                 f"communicator MPI_COMM_WORLD\nwith errorcode 1.\n")
+    assert summarize(log, 1, host_of) == Outcome(
+        FailureKind.CONFIG, "rank 1 on host algo-1 failed (config error): "
+        "ConfigError: channel train: row 7 has 3 columns", 2)
 
 
 def test_lost_daemon_names_the_host():
@@ -40,7 +52,9 @@ connection to the node, or possibly an internal failure of
 the daemon itself. We cannot recover from this failure, and
 therefore will terminate the job.
 """)
-    assert summarize(log, 1, host_of).startswith("lost contact with host algo-2")
+    outcome = summarize(log, 1, host_of)
+    assert outcome.reason.startswith("lost contact with host algo-2")
+    assert (outcome.kind, outcome.exit_code) == (FailureKind.CLUSTER, 3)
 
 
 def test_nonzero_exit_without_marker_quotes_the_last_error_line_of_that_rank():
@@ -53,19 +67,21 @@ the job to be terminated. The first process to do so was:
   Process name: [[22869,1],2]
   Exit code:    7
 """)
-    assert summarize(log, 7, host_of) == \
-        "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory"
+    assert summarize(log, 7, host_of) == Outcome(
+        FailureKind.RANK, "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory", 7)
 
 
 def test_ssh_failures_name_the_host():
     log = log_of("ssh: Could not resolve hostname algo-9: Name or service not known\n"
                  "ORTE was unable to reliably start one or more daemons.\n")
-    assert summarize(log, 1, host_of).startswith("mpirun could not start ranks on host algo-9")
+    outcome = summarize(log, 1, host_of)
+    assert outcome.reason.startswith("mpirun could not start ranks on host algo-9")
+    assert outcome.exit_code == 3
 
 
 def test_anything_else_quotes_the_last_line():
-    assert summarize(log_of("some output\nmpirun: the end\n\n"), 9, host_of) == \
-        "mpirun exited with code 9; last output: mpirun: the end"
+    assert summarize(log_of("some output\nmpirun: the end\n\n"), 9, host_of) == Outcome(
+        FailureKind.RANK, "mpirun exited with code 9; last output: mpirun: the end", 9)
 
 
 def test_failure_file_is_cut_to_what_sagemaker_shows(tmp_path):
@@ -74,3 +90,13 @@ def test_failure_file_is_cut_to_what_sagemaker_shows(tmp_path):
     text = paths.failure_file.read_text()
     assert len(text.encode()) <= FAILURE_LIMIT and text == "é" * 512
     assert not list(paths.output_dir.glob("*.tmp"))
+
+
+def test_a_failure_file_on_a_full_or_broken_disk_is_reported_on_stderr(tmp_path, capsys):
+    paths = MlPaths(tmp_path)
+    paths.output_dir.parent.mkdir(parents=True, exist_ok=True)
+    paths.output_dir.write_text("a file where the output folder should be")
+    write_failure(paths, "rank 1 on host algo-2 failed")
+    err = capsys.readouterr().err
+    assert f"cannot write the failure file {paths.failure_file}" in err
+    assert "the reason was: rank 1 on host algo-2 failed" in err

@@ -106,6 +106,8 @@ def test_user_options_override_defaults_in_place_and_add_new_ones():
     ("eth0", "'eth0' is not an mpirun option"),
     ("-mca btl", "-mca needs 2 value(s)"),
     ("-x 'unclosed", "cannot be parsed"),
+    ("-mca plm_rsh_args '-o StrictHostKeyChecking=no'", "-mca plm_rsh_args is set by the launcher"),
+    ("--mca plm_rsh_agent /bin/false", "-mca plm_rsh_agent is set by the launcher"),
 ])
 def test_malformed_user_options(text, message):
     with pytest.raises(ConfigError) as error:
@@ -141,3 +143,14 @@ def test_builtin_mode_refuses_unknown_channels_and_pipe_mode():
     pipe = JobConfig(the_job.paths, the_job.resources, {}, {"train": Channel("train", input_mode="Pipe")})
     with pytest.raises(ConfigError, match="Pipe input mode"):
         argv(pipe)
+
+
+@pytest.mark.parametrize("program", ["../train.py", "/etc/passwd", "src/../../train.py"])
+def test_script_mode_refuses_a_program_outside_the_code_folder(tmp_path, program):
+    paths = MlPaths(tmp_path / "ml")
+    paths.code_dir.mkdir(parents=True)
+    (paths.code_dir / "src").mkdir()
+    (tmp_path / "ml" / "train.py").write_text("")  # it exists, but outside the code folder
+    the_job = JobConfig(paths, ResourceConfig("algo-1", ("algo-1",)), {"sagemaker_program": program}, {})
+    with pytest.raises(ConfigError, match=f"program {program!r} points outside the code folder"):
+        make_plan(the_job, gpu_count=0, python=PYTHON, runtime=Path("/run/job"), environ=ENV)

@@ -46,6 +46,17 @@ def test_configuration_errors_fail_fast_with_what_to_change(make_job, hyperparam
     assert message in result.stderr
 
 
+def test_an_unwritable_failure_file_keeps_the_exit_code_and_says_why(make_job):
+    root = make_job({"epochs": "zero"})
+    (root / "output").mkdir(exist_ok=True)
+    (root / "output" / "failure").mkdir()  # a folder where the file should go: cannot write
+    result = run_train(root, timeout=60)
+    assert result.returncode == 2
+    assert f"cannot write the failure file {root / 'output' / 'failure'}" in result.stderr
+    assert "the reason was: hyperparameter epochs='zero' is invalid" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 def test_missing_script_in_script_mode(make_job):
     root = make_job({"sagemaker_program": "train.py"})
     result = run_train(root, timeout=60)
@@ -64,7 +75,7 @@ def test_bad_training_data_is_named_in_the_failure(make_job, content, message):
     root = make_job({"processes_per_host": 1})
     (root / "input" / "data" / "train" / "digits.csv").write_text(content)
     result = run_train(root, timeout=180)
-    assert result.returncode != 0
+    assert result.returncode == 2  # a data error raised in a rank is a configuration error
     failure = failure_of(root)
     assert "rank 0 on host algo-1 failed" in failure and message in failure, failure
     assert "Traceback" not in failure
@@ -75,7 +86,7 @@ def test_unsupported_file_and_empty_channel(make_job):
     train = root / "input" / "data" / "train"
     (train / "digits.csv").unlink()
     result = run_train(root, timeout=180)
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "has no CSV or NPZ files" in failure_of(root)
     (train / "notes.txt").write_text("hello")
     run_train(root, timeout=180)

@@ -6,6 +6,7 @@ are tested in tests/container."""
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -45,6 +46,15 @@ def start(root):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def runtime_of(launcher_pid):
+    """The job's private runtime folder (tempfile.mkdtemp), from mpirun's ssh arguments."""
+    for process in psutil.Process(launcher_pid).children(recursive=True):
+        found = re.search(r"/train-job-[^/\s]+/", " ".join(process.cmdline()))
+        if found:
+            return found.group(0)
+    raise AssertionError("no process of the launcher names its runtime folder")
+
+
 def test_a_job_crosses_hosts_over_ssh(cluster):
     roots = cluster({}, "probe.py", PROBE)
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
@@ -79,10 +89,12 @@ def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
     leader.communicate(timeout=120)
     worker.communicate(timeout=30)
-    assert leader.returncode != 0 and worker.returncode != 0
+    assert leader.returncode == worker.returncode == 1
     expected = "rank 1 on host 127.0.0.2 failed (exit code 1): MemoryError: batch too large"
     assert failure_of(roots["127.0.0.1"]).startswith(expected)
-    assert failure_of(roots["127.0.0.2"]).startswith(f"reported by the leader 127.0.0.1: {expected}")
+    assert failure_of(roots["127.0.0.2"]).startswith(expected)  # the root cause first, then
+    assert failure_of(roots["127.0.0.2"]).endswith(  # who reported it
+        "(reported to 127.0.0.2 by the leader 127.0.0.1)")
 
 
 def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
@@ -98,9 +110,10 @@ def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
     # The host dies: its launcher, its sshd, and the MPI daemon (orted daemonizes, so it is
     # found by the job key in its command line) with the rank it started.
     doomed = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    runtime = runtime_of(leader.pid)
     for process in psutil.process_iter(["cmdline"]):
         if "orted" in (process.info["cmdline"] or [""])[0] and \
-                f"train-job-{leader.pid}/" in " ".join(process.info["cmdline"]):
+                runtime in " ".join(process.info["cmdline"]):
             doomed += [process, *process.children(recursive=True)]
     assert any("orted" in p.name() for p in doomed)
     for process in doomed:
@@ -108,7 +121,7 @@ def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
     started = time.monotonic()
     leader.communicate(timeout=90)
     print(f"leader exited {time.monotonic() - started:.1f} s after the worker died")
-    assert leader.returncode != 0
+    assert leader.returncode == 3  # a host lost is a cluster failure
     assert "127.0.0.2" in failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
 
 
@@ -128,3 +141,30 @@ def test_a_leader_whose_worker_never_comes_names_it(cluster):
     assert "never reported ready within 3 s: 127.0.0.2" in failure_of(roots["127.0.0.1"])
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(roots["127.0.0.1"]) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+
+
+@pytest.mark.parametrize("first, late", [("127.0.0.1", "127.0.0.2"), ("127.0.0.2", "127.0.0.1")],
+                         ids=["worker 2x heartbeat_timeout late", "leader last"])
+def test_hosts_start_in_either_order(cluster, first, late):
+    roots = cluster({"heartbeat_timeout": 2}, "probe.py", PROBE)
+    early = start(roots[first])
+    time.sleep(4)  # twice heartbeat_timeout: the early host must keep waiting, not give up
+    processes = {first: early, late: start(roots[late])}
+    outputs = {host: process.communicate(timeout=240)[0] for host, process in processes.items()}
+    assert {host: p.returncode for host, p in processes.items()} == {first: 0, late: 0}, outputs
+    assert (roots["127.0.0.1"] / "output" / "data" / "rank1.json").exists()
+
+
+def test_a_data_error_in_a_rank_exits_2_on_every_host(cluster):
+    roots = cluster({"epochs": 1})
+    # Ranks read the leader's tree here (TRAIN_ML_ROOT), so both ranks meet the bad row.
+    with open(roots["127.0.0.1"] / "input" / "data" / "train" / "digits.csv", "a") as csv:
+        csv.write("3," + ",".join(["nan"] * 64) + "\n")
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader_output = leader.communicate(timeout=240)[0]
+    worker.communicate(timeout=30)
+    assert (leader.returncode, worker.returncode) == (2, 2), leader_output[-3000:]
+    cause = r"rank [01] on host 127\.0\.0\.[12] failed \(config error\): DataError: .*NaN"
+    assert re.match(cause, failure_of(roots["127.0.0.1"])), failure_of(roots["127.0.0.1"])
+    assert re.match(cause + r".*\(reported to 127\.0\.0\.2 by the leader 127\.0\.0\.1\)$",
+                    failure_of(roots["127.0.0.2"])), failure_of(roots["127.0.0.2"])

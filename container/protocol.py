@@ -1,0 +1,143 @@
+"""The lines ranks and the launcher exchange through mpirun's output, in one place.
+
+Ranks talk to the launcher only by printing; mpirun forwards each line, maybe prefixed with
+its tag (`[1,0]<stdout>:`), so every parser here searches inside a line. The lines:
+
+    METRICS epoch=3 loss=0.1234 accuracy=0.95 lr=0.0016      rank 0, once per epoch
+    TRAIN-FAILURE rank=1 host=algo-2 kind=config: DataError: ...   a rank about to die
+    TRAIN-STOPPED checkpoint saved in ...                    rank 0, after a requested stop
+    TRAIN-MARK hosts_ready                                   a timing mark (launcher, rank 0)
+
+The failure report carries the kind of failure (`FailureKind`), so a configuration or data
+error raised inside a rank ends the job with the configuration exit code on every host, and
+`exit_code` is the one mapping of kinds to exit codes. Dependency-free on purpose: the
+launcher (container/), the rank programs (train/) and the operator tools (scripts/) all
+import it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+METRICS_PREFIX = "METRICS"
+FAILURE_MARKER = "TRAIN-FAILURE"
+STOPPED_MARKER = "TRAIN-STOPPED"
+TIME_MARKER = "TRAIN-MARK"
+REPORT_LIMIT = 600  # characters of the error in a failure report
+
+
+class FailureKind(Enum):
+    """Why a job failed; `exit_code` maps each kind to the code the job exits with."""
+
+    CONFIG = "config"      # configuration or data: the user's to fix
+    CLUSTER = "cluster"    # a host, sshd, the network or the leader/worker protocol
+    RANK = "rank"          # a rank program failed: its own exit code
+    STOPPED = "stopped"    # a stop signal (job stopped, max runtime, spot reclaim)
+    INTERNAL = "internal"  # a bug in the launcher
+
+
+def exit_code(kind: FailureKind, rank_code: int = 1) -> int:
+    """The exit code of a job that failed for `kind`; `rank_code` is the failed rank's own."""
+    codes = {FailureKind.CONFIG: 2, FailureKind.CLUSTER: 3, FailureKind.STOPPED: 143,
+             FailureKind.INTERNAL: 1}
+    return codes.get(kind, rank_code or 1)
+
+
+class Mark(Enum):
+    """Moments of a run that benchmarks time, printed as `TRAIN-MARK <name>`."""
+
+    HOSTS_READY = "hosts_ready"        # launcher: every host is ready, mpirun starts
+    RANKS_UP = "ranks_up"              # rank 0: Horovod is up on every rank
+    DATA_READ = "data_read"            # rank 0: the training data is loaded
+    MODEL_EXPORTED = "model_exported"  # rank 0: the model is written
+    JOB_DONE = "job_done"              # launcher: mpirun ended, the job completed
+
+
+def mark_line(mark: Mark) -> str:
+    return f"{TIME_MARKER} {mark.value}"
+
+
+_MARK = re.compile(re.escape(TIME_MARKER) + r" (?P<name>\w+)\s*$")
+
+
+def parse_mark(line: str) -> Mark | None:
+    found = _MARK.search(line)
+    try:
+        return Mark(found["name"]) if found else None
+    except ValueError:
+        return None
+
+
+def stopped_line(detail: str) -> str:
+    """Rank 0's line after a requested stop: what was saved and where."""
+    return f"{STOPPED_MARKER} {detail}"
+
+
+def parse_stopped(line: str) -> str | None:
+    """The detail of a stop line (maybe tagged), else None."""
+    before, marker, detail = line.partition(STOPPED_MARKER)
+    return detail.strip() if marker else None
+
+
+def metrics_line(epoch: int, values: dict[str, float]) -> str:
+    """The line SageMaker metric definitions read: `METRICS epoch=N key=value ...`."""
+    pairs = " ".join(f"{key}={float(value):.6g}" for key, value in values.items())
+    return f"{METRICS_PREFIX} epoch={epoch} {pairs}"
+
+
+_METRICS = re.compile(re.escape(METRICS_PREFIX) + r" epoch=(?P<epoch>\d+)(?P<pairs>(?: \S+=\S+)*)")
+
+
+def parse_metrics(line: str) -> dict[str, float] | None:
+    """{"epoch": N, key: value, ...} of a METRICS line (maybe tagged), else None."""
+    found = _METRICS.search(line)
+    if not found:
+        return None
+    values = {"epoch": float(found["epoch"])}
+    for pair in found["pairs"].split():
+        key, _, value = pair.partition("=")
+        try:
+            values[key] = float(value)
+        except ValueError:
+            values[key] = math.nan
+    return values
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What a failing rank reports about itself."""
+
+    rank: int
+    host: str
+    kind: FailureKind
+    error: str  # "ExceptionType: message", one line
+
+    def line(self) -> str:
+        return (f"{FAILURE_MARKER} rank={self.rank} host={self.host} kind={self.kind.value}: "
+                f"{self.error}")
+
+
+def rank_failure(rank: int, host: str, error: BaseException) -> RankFailure:
+    """The report of a rank dying of `error`; an error may declare its `kind` (ConfigError)."""
+    kind = getattr(error, "kind", FailureKind.RANK)
+    text = f"{type(error).__name__}: {error}".replace("\n", " ").strip()
+    return RankFailure(rank, host, kind if isinstance(kind, FailureKind) else FailureKind.RANK,
+                       text[:REPORT_LIMIT])
+
+
+_FAILURE = re.compile(re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d+) host=(?P<host>\S+) "
+                      r"kind=(?P<kind>\w+): (?P<error>.*)$")
+
+
+def parse_rank_failure(line: str) -> RankFailure | None:
+    found = _FAILURE.search(line)
+    if not found:
+        return None
+    try:
+        kind = FailureKind(found["kind"])
+    except ValueError:
+        kind = FailureKind.RANK
+    return RankFailure(int(found["rank"]), found["host"], kind, found["error"])
