@@ -167,7 +167,7 @@ def test_the_program_is_not_in_it(make_job, source):
 def test_a_program_outside_the_code_folder(make_job):
     root = make_job({"sagemaker_program": "../escape.py"})
     (root / "escape.py").write_text(SCRIPT)
-    expect_config_error(root, "program '../escape.py' is outside")
+    expect_config_error(root, "program '../escape.py' points outside the code folder")
 
 
 def test_an_archive_member_escaping_the_folder(make_job, tmp_path):
