@@ -71,8 +71,8 @@ RUN case "${VARIANT}" in \
  && pip wheel --no-cache-dir -w /wheels -c constraints.txt -r image-requirements.txt \
       "pip<25" "setuptools<81" wheel cloudpickle psutil pyyaml packaging
 
-# Horovod against the very TensorFlow wheel the runtime installs (FACTS.md: Debian's cmake,
-# no build isolation). The GPU variant builds the NCCL operations on the CUDA -devel base.
+# Horovod against the very TensorFlow wheel the runtime installs (Debian's cmake, no
+# build isolation: the PyPI cmake package breaks under build isolation). The GPU variant builds the NCCL operations on the CUDA -devel base.
 RUN if [ "${HOROVOD_PREBUILT}" = 1 ] && [ "${VARIANT}" = cpu ] \
       && [ -n "$(find . -maxdepth 1 -name "horovod-${HOROVOD_VERSION}-cp311-*.whl")" ]; then \
       echo "using the prebuilt $(echo horovod-*.whl)"; exit 0; \

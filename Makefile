@@ -6,7 +6,7 @@ SETUP_STAMP := $(VENV)/.setup-stamp
 
 .PHONY: setup train test test-unit
 
-# --- training runtime (issue 2) ---------------------------------------------------------
+# --- training runtime -----------------------------------------------------------------
 $(SETUP_STAMP): requirements.txt constraints.txt scripts/setup.sh pyproject.toml
 	bash scripts/setup.sh
 
@@ -24,7 +24,7 @@ test: setup container-setup
 test-unit: setup
 	$(PY) -m pytest -q -m "not container"
 
-# --- container image, local clusters, push (issue 4) ------------------------------------
+# --- container image, local clusters, push --------------------------------------------
 # Docker when a daemon answers, else podman with the project's scripts/containers.conf
 # (scripts/engine.sh; CONTAINER_ENGINE=docker|podman overrides). VARIANT=gpu|cpu (default:
 # gpu when nvidia-smi sees a GPU, else cpu). See "The container image" in README.md.
@@ -67,7 +67,7 @@ local-serve: setup container-setup
 push: container-setup
 	bash scripts/build_and_push.sh
 
-# --- SageMaker operator tools (issue 5) -------------------------------------------------
+# --- SageMaker operator tools ---------------------------------------------------------
 # Each verb takes its options in ARGS; add --dry-run to print the requests and send nothing,
 # --wait to follow status and logs. `$(PY) -m scripts.sagemaker VERB --help` lists them all.
 #   make sagemaker-train ARGS="--image URI --role ARN --output-path s3://bucket/out \
@@ -91,7 +91,7 @@ sagemaker-deploy: setup
 sagemaker-transform: setup
 	$(SAGEMAKER_TOOL) transform $(ARGS)
 
-# --- inference server (issue 3) ---------------------------------------------------------
+# --- inference server -----------------------------------------------------------------
 # See "Serving the model" in README.md. The benchmark trains the default job into build/bench-serve
 # first when no model is there.
 .PHONY: test-serve bench-serve
@@ -104,7 +104,7 @@ test-serve: setup
 bench-serve: setup
 	$(PY) scripts/bench_serve.py
 
-# --- training performance benchmarks (issue 6) ------------------------------------------
+# --- training performance benchmarks --------------------------------------------------
 # One table (metric, this project, reference, ratio, target, met) on stdout; the full results
 # in results/bench-<date>.json and results/bench-latest.{json,md}. Under 10 minutes on 2 cores.
 # Item 4 runs on the local compose cluster when the image exists (BENCH_IMAGE, by default the

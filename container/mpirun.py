@@ -1,6 +1,6 @@
 """The mpirun command line, built by pure functions so golden tests can pin every argument.
 
-The defaults follow what AWS's toolkit passes (see CONTRACT.md) with the fixes its users asked
+The defaults follow what AWS's sagemaker-training toolkit passes with the fixes its users asked
 for: user options given through the `mpi_options` hyperparameter *replace* a default with the
 same key instead of being appended after it (an `-mca btl_tcp_if_include eth1` wins over the
 interface from resourceconfig.json; `-x NCCL_DEBUG=INFO` wins over the default WARN), and

@@ -1,7 +1,7 @@
 """The training-history chart (history.png): one panel per metric, train and validation curves.
 
 Drawn with Pillow rather than matplotlib: importing matplotlib and laying out a figure took
-0.8-1.5 s at the end of every job, inside the teardown users wait for (issue 6), for a chart
+0.8-1.5 s at the end of every job, inside the teardown users wait for, for a chart
 this simple. Pillow imports in milliseconds and draws this in a few more.
 """
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 def _skip_autograph_of_horovod() -> None:
     """Horovod's Python code (DistributedOptimizer, allreduce, broadcast) has no
     tensor-dependent control flow, but autograph re-parses and converts it in every traced
-    function that calls it: the first step came ~1 s sooner without (issue 6).
+    function that calls it: the first step came ~1 s sooner without.
     TensorFlow-internal API, fine while TensorFlow is pinned (2.15.1)."""
     from tensorflow.python.autograph.core import config as autograph_config
 

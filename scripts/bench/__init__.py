@@ -1,1 +1,1 @@
-"""Training performance benchmarks (issue 6): `make bench` / `python -m scripts.bench`."""
+"""Training performance benchmarks: `make bench` / `python -m scripts.bench`."""

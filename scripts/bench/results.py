@@ -50,7 +50,7 @@ class Target:
 class Measurement:
     """One metric: this project's value, the reference it is compared with, the target."""
 
-    item: int  # the numbered item of issue 6 (1 allreduce .. 6 memory)
+    item: int  # the numbered benchmark (1 allreduce .. 6 memory), as in the README table
     metric: str
     unit: str
     value: float | None

@@ -1,4 +1,4 @@
-"""`make bench`: run the training benchmarks of issue 6, print one table, write it as JSON.
+"""`make bench`: run the training benchmarks, print one table, write it as JSON.
 
     python -m scripts.bench [--tiny] [--only 1,2,3,4,5,6] [--results results]
                             [--workdir build/bench] [--cluster auto|containers|loopback]

@@ -1,4 +1,4 @@
-"""The image itself (issue 4, test 1): it builds from the local base and keeps the contract."""
+"""The image itself: it builds from the local base and keeps the contract."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Local SageMaker-style clusters of the real image with podman-compose (issue 4, tests 2-6),
+"""Local SageMaker-style clusters of the real image with podman-compose,
 and the compose writer's output."""
 
 from __future__ import annotations

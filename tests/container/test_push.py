@@ -1,4 +1,4 @@
-"""scripts/build_and_push.sh against a real registry on loopback (issue 4, test 7): Debian's
+"""scripts/build_and_push.sh against a real registry on loopback: Debian's
 docker-registry, started here on a free port with its storage in a temporary folder."""
 
 from __future__ import annotations
