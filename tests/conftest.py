@@ -24,12 +24,14 @@ def free_port() -> int:
 
 @pytest.fixture
 def make_job(tmp_path):
-    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=...) -> ml root."""
+    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=..., data='csv')
+    -> ml root with the digits as `data` files (csv, tfrecord or images)."""
 
-    def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None) -> Path:
+    def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None,
+             data="csv") -> Path:
         root = tmp_path / (name or current)
         default_job.write_job(root, {k: str(v) for k, v in hyperparameters.items()},
-                              list(hosts), current)
+                              list(hosts), current, data)
         return root
 
     return make
