@@ -149,6 +149,15 @@ def weights_digest(model: tf.keras.Model) -> str:
     return digest.hexdigest()
 
 
+def average_batch_statistics(model: tf.keras.Model) -> None:
+    """# distributed: batch normalisation's moving statistics are not trained, each rank keeps
+    its own from its own batches; the exported model gets their average over ranks."""
+    for variable in model.non_trainable_variables:
+        if variable.dtype.is_floating:
+            variable.assign(hvd_tf.allreduce(variable, op=hvd_tf.Average,
+                                             name=f"statistics.{variable.name}"))
+
+
 def verify_identical_weights(model: tf.keras.Model) -> None:
     """# distributed: every rank must end with the same model, or averaging silently broke."""
     digests = hvd_tf.allgather_object(weights_digest(model), name="weights_digest")
@@ -238,6 +247,7 @@ def train(context: RankContext, config: TrainerConfig) -> None:
                          config.seed + context.rank, augment=config.augment and len(shape) == 3),
         steps_per_epoch=steps_per_epoch, epochs=config.epochs, initial_epoch=initial_epoch,
         validation_data=validation, callbacks=callbacks, verbose=0)
+    average_batch_statistics(model)
     verify_identical_weights(model)
 
     if stop.stopped_in_epoch is not None:
