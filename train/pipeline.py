@@ -17,6 +17,7 @@ the shuffle buffer and the prefetched batches, not the channel.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -88,6 +89,17 @@ def open_source(channel: ChannelFiles, share: Share, config: TrainerConfig) -> S
     if channel.kind == IMAGE:
         return images.ImageFolder(channel, share, config.image_size)
     raise AssertionError(channel.kind)
+
+
+@contextmanager
+def naming_bad_records(sources: list[Source]) -> Iterator[None]:
+    """A record TensorFlow cannot decode while this runs ends in the DataError naming it."""
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError):
+        for source in sources:
+            source.diagnose()
+        raise
 
 
 def moments(source: Source, seed: int) -> tuple[int, np.ndarray, np.ndarray]:

@@ -28,8 +28,8 @@ from train.export import export_model, write_history
 from train.hyperparameters import TrainerConfig
 from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
-from train.pipeline import (Source, evaluation_input, label_lookup, moments, open_source,
-                            training_input)
+from train.pipeline import (Source, evaluation_input, label_lookup, moments,
+                            naming_bad_records, open_source, training_input)
 from train.rank import RankContext, emit
 from train.schedule import WarmupSchedule
 from train.sharding import assign, readers
@@ -108,16 +108,6 @@ def validation_source(context: RankContext, config: TrainerConfig, channel: Chan
     return source
 
 
-def fit_naming_bad_records(stepper: tf.keras.Model, sources: list[Source], **fit) -> None:
-    """`fit`, but a record the pipeline cannot decode ends in a DataError naming it."""
-    try:
-        stepper.fit(**fit)
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError):
-        for source in sources:
-            source.diagnose()
-        raise
-
-
 def compile_for_training(model: tf.keras.Model, config: TrainerConfig, plan: BatchPlan,
                          schedule: WarmupSchedule
                          ) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer]:
@@ -190,7 +180,8 @@ def train(context: RankContext, config: TrainerConfig) -> None:
     train_channel = channels.get("train", Channel("train"))
     train_source = open_share(context, config, train_channel)
     total, classes, shape = count_train(train_source, train_channel, context)
-    mean, variance = feature_statistics(train_source, config.seed + context.rank)
+    with naming_bad_records([train_source]):
+        mean, variance = feature_statistics(train_source, config.seed + context.rank)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
     say(f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
         f"{steps_per_epoch} optimizer steps per epoch")
@@ -241,12 +232,13 @@ def train(context: RankContext, config: TrainerConfig) -> None:
     if hvd.rank() == 0:
         callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))
-    fit_naming_bad_records(
-        stepper, sources,
-        x=training_input(train_source, lookup, plan.per_device_batch, config,
-                         config.seed + context.rank, augment=config.augment and len(shape) == 3),
-        steps_per_epoch=steps_per_epoch, epochs=config.epochs, initial_epoch=initial_epoch,
-        validation_data=validation, callbacks=callbacks, verbose=0)
+    with naming_bad_records(sources):
+        stepper.fit(training_input(train_source, lookup, plan.per_device_batch, config,
+                                   config.seed + context.rank,
+                                   augment=config.augment and len(shape) == 3),
+                    steps_per_epoch=steps_per_epoch, epochs=config.epochs,
+                    initial_epoch=initial_epoch, validation_data=validation,
+                    callbacks=callbacks, verbose=0)
     average_batch_statistics(model)
     verify_identical_weights(model)
 
