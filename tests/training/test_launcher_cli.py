@@ -75,8 +75,8 @@ def test_unsupported_file_and_empty_channel(make_job):
     (train / "digits.csv").unlink()
     result = run_train(root, timeout=180)
     assert result.returncode != 0
-    assert "has no CSV or NPZ files" in failure_of(root)
+    assert "channel train: " in failure_of(root) and "has no data files" in failure_of(root)
     (train / "notes.txt").write_text("hello")
     run_train(root, timeout=180)
-    assert "notes.txt: unsupported file type; channel files must be CSV (.csv) or NPZ (.npz)" \
-        in failure_of(root)
+    assert "notes.txt: unsupported file type; channel files must be CSV, NPZ, TFRecord or " \
+        "JPEG/PNG images" in failure_of(root)
