@@ -124,22 +124,22 @@ def label_lookup(classes: list) -> tf.lookup.StaticHashTable:
 
 def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int,
                    config: TrainerConfig, seed: int, augment: bool) -> tf.data.Dataset:
-    """Endless shuffled batches of (features, class index); `seed` differs per rank."""
+    """Endless shuffled batches of (features, class index); `seed` differs per rank. Labels
+    are looked up a batch at a time (per sample costs 2x the throughput of tabular data)."""
     dataset = (source.samples(seed)
                .shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-               .repeat()
-               .map(lambda x, label: (x, lookup.lookup(label)),
-                    num_parallel_calls=tf.data.AUTOTUNE))
+               .repeat())
     if augment:
         dataset = tf.data.Dataset.zip((dataset, tf.data.Dataset.random(seed).batch(2))).map(
             lambda pair, pair_seed: (images.augment(pair[0], pair_seed), pair[1]),
             num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return (dataset.batch(batch, drop_remainder=True)
+            .map(lambda x, label: (x, lookup.lookup(label)))
+            .prefetch(tf.data.AUTOTUNE))
 
 
 def evaluation_input(source: Source, lookup: tf.lookup.StaticHashTable,
                      batch: int) -> tf.data.Dataset:
-    return (source.samples(None)
-            .map(lambda x, label: (x, lookup.lookup(label)), num_parallel_calls=tf.data.AUTOTUNE)
-            .batch(batch).prefetch(tf.data.AUTOTUNE))
+    return (source.samples(None).batch(batch)
+            .map(lambda x, label: (x, lookup.lookup(label))).prefetch(tf.data.AUTOTUNE))
 

@@ -53,11 +53,11 @@ def test_missing_script_in_script_mode(make_job):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("1,2,3\n4,5\n", "digits.csv: not a numeric CSV without header"),
-    ("label,a,b\n1,2,3\n", "digits.csv: not a numeric CSV without header"),
+    ("1,2,3\n4,5\n", "digits.csv: line 2 has 2 columns but the file starts with 3"),
+    ("label,a,b\n1,2,3\n", "digits.csv: line 1, column 1: 'label' is not a number"),
     ("", "digits.csv: the file is empty"),
-    ("1,2,3\n2,nan,4\n", "digits.csv: row 2 has a NaN or infinite feature"),
-    ("1.5,2,3\n", "digits.csv: row 1 has label 1.5; labels must be integer class numbers"),
+    ("1,2,3\n2,nan,4\n", "digits.csv: line 2 has a NaN or infinite value"),
+    ("1.5,2,3\n", "digits.csv: line 1 has label 1.5; labels must be integer class numbers"),
 ])
 def test_bad_training_data_is_named_in_the_failure(make_job, content, message):
     root = make_job({"processes_per_host": 1})
