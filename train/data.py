@@ -44,11 +44,13 @@ class ChannelFiles:
     """The data files of one channel and their kind; for images, each file's class name."""
 
     name: str
+    directory: Path
     kind: str
     files: tuple[Path, ...]
 
     def class_name(self, path: Path) -> str:
-        return path.parent.name
+        """The first folder under the channel's (deeper folders belong to that class)."""
+        return path.relative_to(self.directory).parts[0]
 
 
 def _kind(path: Path, content_type: str) -> str | None:
@@ -78,7 +80,7 @@ def list_channel(name: str, directory: Path, content_type: str = "") -> ChannelF
                              for kind in found)
         raise DataError(f"channel {name} mixes kinds of files: {examples}; put one kind of "
                         f"file in a channel")
-    channel = ChannelFiles(name, found[0], tuple(files))
+    channel = ChannelFiles(name, directory, found[0], tuple(files))
     if channel.kind == IMAGE:
         loose = [p for p in files if p.parent == directory]
         if loose:

@@ -125,9 +125,9 @@ class TFRecordShards:
                 count += len(batch)
                 seen.update(batch.numpy().tolist())
         except tf.errors.OpError as error:
-            self.diagnose()
-            raise DataError(f"channel files {self.share.files[0]}...: {error.message}; "
-                            f"{HINT}") from None
+            self.diagnose()  # names the file and record; this when it finds nothing
+            raise DataError(f"{len(self.share.files)} TFRecord file(s) from "
+                            f"{self.share.files[0]}: {error.message}; {HINT}") from None
         return count, seen
 
     def diagnose(self) -> None:

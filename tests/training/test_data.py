@@ -195,3 +195,15 @@ def test_gzip_content_is_found_from_bytes_not_name(tmp_path, tfrecords):
     write(tmp_path, "x.tfrecords", "")
     (tmp_path / "x.tfrecords").write_bytes(buffer.getvalue())
     assert source(tmp_path, feature_key="features").labels()[0] > 0
+
+
+def test_images_in_deeper_folders_belong_to_their_first_level_class(tmp_path):
+    write_digits(tmp_path, "images", size=8)
+    nested = tmp_path / "train" / "4" / "scans"
+    nested.mkdir()
+    for path in list((tmp_path / "train" / "4").glob("*.png"))[:3]:
+        path.rename(nested / path.name)
+    images = source(tmp_path / "train")
+    assert images.labels()[1] == {str(d) for d in range(10)}
+    assert sum(name == "4" for name in images.names) == sum(
+        1 for _ in (tmp_path / "train" / "4").rglob("*.png"))

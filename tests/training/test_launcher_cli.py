@@ -80,3 +80,15 @@ def test_unsupported_file_and_empty_channel(make_job):
     run_train(root, timeout=180)
     # the channel's ContentType is text/csv: a file without a known extension is read as CSV
     assert "notes.txt: each row needs a label and at least one feature" in failure_of(root)
+
+
+def test_pipe_mode_is_refused_before_anything_starts(make_job):
+    root = make_job({"processes_per_host": 1})
+    config = root / "input" / "config" / "inputdataconfig.json"
+    channels = json.loads(config.read_text())
+    channels["train"]["TrainingInputMode"] = "Pipe"
+    config.write_text(json.dumps(channels))
+    result = run_train(root, timeout=60)
+    assert result.returncode != 0
+    assert "channel train uses Pipe input mode, which this container does not read; use File " \
+        "or FastFile" in failure_of(root)
