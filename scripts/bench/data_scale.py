@@ -55,7 +55,8 @@ def channel_bytes(root: Path) -> int:
 
 
 def memory(sizes: Sizes, workdir: Path) -> Measurement:
-    mlp = {"epochs": "1", "feature_key": "features", "learning_rate": "0.002"}
+    mlp = {"epochs": "1", "feature_key": "features", "learning_rate": "0.002",
+           "per_device_batch_size": "256"}
     small = job(workdir / "memory-1x", "tfrecord", mlp, sizes.scale_copies)
     large = job(workdir / "memory-4x", "tfrecord", mlp, 4 * sizes.scale_copies)
     peaks = {name: max(train(root, f"data scale {name}").rank_peak_rss)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from scripts.digits_files import split, write_digits
 from train.data import DataError, csv_chunks, list_channel
 from train.hyperparameters import TrainerConfig
-from train.pipeline import Table, open_source
+from train.pipeline import Table, moments, open_source
 from train.sharding import Share, assign, readers
 
 
@@ -207,3 +207,10 @@ def test_images_in_deeper_folders_belong_to_their_first_level_class(tmp_path):
     assert images.labels()[1] == {str(d) for d in range(10)}
     assert sum(name == "4" for name in images.names) == sum(
         1 for _ in (tmp_path / "train" / "4").rglob("*.png"))
+
+
+def test_normalisation_statistics_come_from_a_bounded_sample(tmp_path, monkeypatch):
+    monkeypatch.setattr("train.pipeline.STATS_SAMPLE", 10)
+    write(tmp_path, "a.csv", "".join(f"{i % 2},{i},{2 * i}\n" for i in range(100)))
+    count, total, squares = moments(source(tmp_path), seed=0)
+    assert count == 10 and total.tolist() == [45, 90] and squares.tolist() == [285, 1140]
