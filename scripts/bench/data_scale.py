@@ -6,8 +6,8 @@
   most 1.2x);
 - image input: the trainer's whole tf.data pipeline for an image model (TFRecord PNGs decoded,
   resized, flipped and cropped, shuffled, batched) drained alone in one process, against what a
-  2-rank job of `image_model` on the same channel consumes (samples/s over all ranks, epochs
-  after the first) (target: at least 2x);
+  2-rank job of `image_model` on the same channel (`image_copies` copies) consumes (samples/s
+  over all ranks in its second epoch; the first traces the model) (target: at least 2x);
 - accuracy: the validation accuracy of a 2-rank job on 4 TFRecord shards (each rank reads its
   own 2 files) against the same job on one CSV file (records split), same seed, same data
   (target: within 1 point, i.e. a ratio of at least 0.99 at these accuracies).
@@ -72,9 +72,9 @@ def memory(sizes: Sizes, workdir: Path) -> Measurement:
 
 
 def image_input(sizes: Sizes, workdir: Path) -> Measurement:
-    hyperparameters = {"epochs": str(sizes.epochs), "model": sizes.image_model,
+    hyperparameters = {"epochs": "2", "model": sizes.image_model,  # the first one traces
                        "augment": "true", "per_device_batch_size": "32"}
-    root = job(workdir / "image", "tfrecord", hyperparameters, sizes.scale_copies)
+    root = job(workdir / "image", "tfrecord", hyperparameters, sizes.image_copies)
     consumed = median(train(root, f"data scale {sizes.image_model}").steady_samples_per_sec())
     out = workdir / "image-pipeline.json"
     run([PYTHON, "-m", "scripts.bench.data_scale", "pipeline", str(out),
