@@ -58,3 +58,10 @@ def test_image_models_normalise_raw_pixels_per_channel():
     assert normalise.mean.numpy().reshape(-1).tolist() == [100.0] * 3
     assert normalise.variance.numpy().reshape(-1).tolist() == [400.0] * 3
     assert model(np.zeros((2, *SHAPE), np.float32)).shape == (2, 5)
+
+
+def test_batch_normalisation_statistics_settle_within_a_short_job():
+    model = build("mobilenet_v2")
+    momenta = {layer.momentum for layer in backbone(model).layers
+               if isinstance(layer, tf.keras.layers.BatchNormalization)}
+    assert momenta == {0.9}
