@@ -47,10 +47,11 @@ def write_csv(folder: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
 
 
 def write_tfrecords(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: int,
-                    shards: int, gzip: bool) -> None:
+                    shards: int, gzip: bool, copies: int) -> None:
     import tensorflow as tf
 
-    pngs = png_images(pixels, size)
+    pngs = png_images(pixels, size) * copies  # encoded once: PNG encoding is the slow part
+    pixels, labels = np.concatenate([pixels] * copies), np.concatenate([labels] * copies)
     options = tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")
     for shard in range(shards):
         path = folder / f"digits-{shard:05d}-of-{shards:05d}.tfrecord"
@@ -66,8 +67,10 @@ def write_tfrecords(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: 
                 })).SerializeToString())
 
 
-def write_images(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: int) -> None:
-    for index, (png, label) in enumerate(zip(png_images(pixels, size), labels)):
+def write_images(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: int,
+                 copies: int) -> None:
+    for index, (png, label) in enumerate(zip(png_images(pixels, size) * copies,
+                                             np.concatenate([labels] * copies))):
         (folder / str(label)).mkdir(exist_ok=True)
         (folder / str(label) / f"{index:06d}.png").write_bytes(png)
 
@@ -76,16 +79,16 @@ def write_digits(data_dir: Path, kind: str, *, size: int = 32, shards: int = 4,
                  copies: int = 1, gzip: bool = False) -> None:
     """data_dir/train and data_dir/validation as `kind` files."""
     for channel, (pixels, labels) in split().items():
-        if channel == "train":
-            pixels, labels = np.concatenate([pixels] * copies), np.concatenate([labels] * copies)
+        repeat = copies if channel == "train" else 1
         folder = data_dir / channel
         folder.mkdir(parents=True, exist_ok=True)
         if kind == "csv":
-            write_csv(folder, pixels, labels)
+            write_csv(folder, np.concatenate([pixels] * repeat),
+                      np.concatenate([labels] * repeat))
         elif kind == "tfrecord":
-            write_tfrecords(folder, pixels, labels, size, shards, gzip)
+            write_tfrecords(folder, pixels, labels, size, shards, gzip, repeat)
         else:
-            write_images(folder, pixels, labels, size)
+            write_images(folder, pixels, labels, size, repeat)
 
 
 def main(argv: list[str] | None = None) -> int:

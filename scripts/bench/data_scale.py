@@ -1,9 +1,10 @@
 """Item 7: data at scale, on the embedded digits written as TFRecord shards and CSV.
 
 - memory: the peak RSS (VmHWM) of the ranks of a 2-rank job whose TFRecord training channel
-  is `scale_copies` copies of the digits, against the same job on 4x as many copies: the
-  streamed pipeline holds a shuffle buffer and a few batches, never the channel (target: at
-  most 1.2x);
+  is `scale_copies` copies of the digits (each record also carries a PNG of
+  `scale_image_size` pixels, so the channel is large: 0.27 GB in the full run), against the
+  same job on 4x as many copies: the streamed pipeline holds a shuffle buffer and a few
+  batches, never the channel (target: at most 1.2x);
 - image input: the trainer's whole tf.data pipeline for an image model (TFRecord PNGs decoded,
   resized, flipped and cropped, shuffled, batched) drained alone in one process, against what a
   2-rank job of `image_model` on the same channel (`image_copies` copies) consumes (samples/s
@@ -37,12 +38,12 @@ RUN_TIMEOUT = 900
 QUIET = {"checkpoint_every_epochs": "0", "processes_per_host": "2", "seed": "7"}
 
 
-def job(root: Path, kind: str, hyperparameters: dict, copies: int = 1) -> Path:
+def job(root: Path, kind: str, hyperparameters: dict, copies: int = 1, size: int = 32) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     write_job(root, {**QUIET, **hyperparameters}, ["algo-1"], "algo-1", kind)
-    if copies > 1:
+    if copies > 1 or size != 32:
         shutil.rmtree(root / "input" / "data")
-        write_digits(root / "input" / "data", kind, copies=copies)
+        write_digits(root / "input" / "data", kind, copies=copies, size=size)
     return root
 
 
@@ -57,8 +58,9 @@ def channel_bytes(root: Path) -> int:
 def memory(sizes: Sizes, workdir: Path) -> Measurement:
     mlp = {"epochs": "1", "feature_key": "features", "learning_rate": "0.002",
            "per_device_batch_size": "256"}
-    small = job(workdir / "memory-1x", "tfrecord", mlp, sizes.scale_copies)
-    large = job(workdir / "memory-4x", "tfrecord", mlp, 4 * sizes.scale_copies)
+    small = job(workdir / "memory-1x", "tfrecord", mlp, sizes.scale_copies, sizes.scale_image_size)
+    large = job(workdir / "memory-4x", "tfrecord", mlp, 4 * sizes.scale_copies,
+                sizes.scale_image_size)
     peaks = {name: max(train(root, f"data scale {name}").rank_peak_rss)
              for name, root in (("1x", small), ("4x", large))}
     sizes_mb = {name: channel_bytes(root) / MB for name, root in (("1x", small), ("4x", large))}
