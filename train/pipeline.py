@@ -51,9 +51,15 @@ class Table:
         x, _ = next(self.reader(channel.files[0]))
         self.shape = x.shape[1:]
 
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def chunks(self, order: np.random.Generator | None = None
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The share's chunks; its files in a random order from `order` (own files only: a
+        record split needs every reader to walk the files in the same order)."""
+        files = self.share.files
+        if order is not None and self.share.by_file:
+            files = [files[i] for i in order.permutation(len(files))]
         start = 0
-        for path in self.share.files:
+        for path in files:
             for x, y in self.reader(path):
                 if x.shape[1:] != self.shape:
                     raise DataError(f"{path}: samples have shape {x.shape[1:]} but the "
@@ -72,7 +78,8 @@ class Table:
         return count, seen
 
     def samples(self, shuffle_seed: int | None) -> tf.data.Dataset:
-        return tf.data.Dataset.from_generator(self.chunks, output_signature=(
+        order = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
+        return tf.data.Dataset.from_generator(lambda: self.chunks(order), output_signature=(
             tf.TensorSpec((None, *self.shape), tf.float32),
             tf.TensorSpec((None,), tf.int64))).unbatch()
 

@@ -214,3 +214,13 @@ def test_normalisation_statistics_come_from_a_bounded_sample(tmp_path, monkeypat
     write(tmp_path, "a.csv", "".join(f"{i % 2},{i},{2 * i}\n" for i in range(100)))
     count, total, squares = moments(source(tmp_path), seed=0)
     assert count == 10 and total.tolist() == [45, 90] and squares.tolist() == [285, 1140]
+
+
+def test_a_rank_reads_its_own_csv_files_in_a_new_order_every_epoch(tmp_path):
+    for index in range(6):
+        write(tmp_path, f"{index}.csv", f"{index % 2},{index}\n")
+    table = source(tmp_path)
+    epochs = table.samples(shuffle_seed=3).batch(6).repeat(4)
+    orders = [tuple(x[:, 0].tolist()) for x, _ in epochs.as_numpy_iterator()]
+    assert all(sorted(order) == list(range(6)) for order in orders) and len(set(orders)) > 1
+    assert [x[0] for x in drain(table)[0]] == list(range(6))  # no seed: file order
