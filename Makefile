@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup train test test-unit
+.PHONY: setup train train-images test test-unit
 
 # --- training runtime -----------------------------------------------------------------
 $(SETUP_STAMP): requirements.txt constraints.txt scripts/setup.sh pyproject.toml
@@ -15,6 +15,10 @@ setup: $(SETUP_STAMP)
 ## The main job: a real 2-process Horovod run on the embedded digits dataset.
 train: setup
 	$(PY) scripts/default_job.py
+
+## The same 2-rank job: mobilenet_v2 on the digits as a folder of 32x32 PNG images.
+train-images: setup
+	$(PY) scripts/default_job.py --data images --model mobilenet_v2 --epochs 3
 
 ## The whole test suite (what CI runs).
 test: setup container-setup

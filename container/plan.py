@@ -29,7 +29,7 @@ from container.sshd import SshFiles, ssh_client_args
 from train.batching import BatchPlan, plan_batches
 from train.rank_job import RankJob
 
-BUILTIN_CHANNELS = ("train", "validation")
+BUILTIN_CHANNELS = ("train", "validation", "weights")
 # Horovod warns about a rank that stopped joining collectives after 60 s and shuts the job
 # down after 10 minutes instead of letting it hang until SageMaker's max runtime.
 STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
@@ -154,7 +154,7 @@ def _check_builtin_channels(job: JobConfig) -> None:
     if "train" not in job.channels and not job.paths.channel("train").is_dir():
         raise ConfigError("the built-in trainer needs a `train` channel "
                           f"({job.paths.channel('train')} is missing); add an input channel "
-                          "named train with CSV or NPZ files")
+                          "named train with CSV, NPZ, TFRecord or image files")
     for channel in job.channels.values():
         if channel.input_mode == "Pipe":
             raise ConfigError(f"channel {channel.name} uses Pipe input mode, which this "

@@ -1,12 +1,14 @@
 """The main job of `make train`: a real 2-process distributed run on an embedded dataset.
 
 Writes scikit-learn's bundled digits (1797 8x8 images, no network needed) as CSV channel
-files (label first, no header) into a SageMaker tree, with the config SageMaker would write,
+files (label first, no header; or TFRecord shards or an image folder with --data, see
+scripts/digits_files.py) into a SageMaker tree, with the config SageMaker would write,
 then runs the real launcher on it (`train --ml-root ...`): mpirun, 2 Horovod ranks, the
 built-in trainer. Ends with the accuracy and where the model was written.
 
     python scripts/default_job.py [--ml-root build/default-job] [--epochs 8] [--processes 2]
-                                  [--model mlp|cnn] [--no-run] [--set key=value ...]
+                                  [--model mlp|cnn|resnet50|mobilenet_v2]
+                                  [--data csv|tfrecord|images] [--no-run] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -17,27 +19,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-from sklearn.datasets import load_digits
-
 from container.paths import MlPaths
 from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
 from serve.metadata import ModelMetadata
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file, too
+from scripts.digits_files import KINDS, write_digits  # noqa: E402
+
+CONTENT_TYPES = {"csv": "text/csv", "tfrecord": "application/x-tfrecord",
+                 "images": "application/x-image"}
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "build" / "default-job"
-DIGITS_CHANNELS = {name: Channel(name, "text/csv") for name in ("train", "validation")}
 
 
-def write_digits(data_dir: Path, validation_fraction: float = 0.2, seed: int = 0) -> None:
-    """Digits as train/digits.csv and validation/digits.csv (label, 64 pixel values)."""
-    digits = load_digits()
-    order = np.random.default_rng(seed).permutation(len(digits.target))
-    table = np.column_stack([digits.target, digits.data])[order]
-    cut = int(len(table) * (1 - validation_fraction))
-    for channel, rows in zip(DIGITS_CHANNELS, (table[:cut], table[cut:])):
-        folder = data_dir / channel
-        folder.mkdir(parents=True, exist_ok=True)
-        np.savetxt(folder / "digits.csv", rows, delimiter=",", fmt="%g")
+def digits_channels(kind: str = "csv") -> dict[str, Channel]:
+    """The job's train and validation channels, declared with the content type of `kind`."""
+    return {name: Channel(name, CONTENT_TYPES[kind]) for name in ("train", "validation")}
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -45,7 +41,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ml-root", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--model", choices=("mlp", "cnn", "resnet50", "mobilenet_v2"),
+                        default="mlp")
+    parser.add_argument("--data", choices=KINDS, default="csv",
+                        help="the kind of channel files (tfrecord and images: 32x32 PNGs)")
     parser.add_argument("--no-run", action="store_true", help="only write the job tree")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra hyperparameter (repeatable)")
@@ -66,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.ml_root, ignore_errors=True)
     paths = MlPaths(args.ml_root)
     write_job_config(JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"),
-                               hyperparameters, DIGITS_CHANNELS))
-    write_digits(paths.data_dir)
-    print(f"default job: digits written under {args.ml_root}", flush=True)
+                               hyperparameters, digits_channels(args.data)))
+    write_digits(paths.data_dir, args.data)
+    print(f"default job: digits written as {args.data} under {args.ml_root}", flush=True)
     if args.no_run:
         return 0
     train = Path(sys.executable).with_name("train")

@@ -11,7 +11,8 @@ import pytest
 
 from container.paths import MlPaths
 from container.sagemaker_config import JobConfig, ResourceConfig, write_job_config
-from scripts.default_job import DIGITS_CHANNELS, write_digits
+from scripts.default_job import digits_channels
+from scripts.digits_files import write_digits
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).with_name("train")
@@ -19,14 +20,16 @@ TRAIN = Path(sys.executable).with_name("train")
 
 @pytest.fixture
 def make_job(tmp_path):
-    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=...) -> ml root of
-    the digits job on loopback, as SageMaker would lay it out on host `current`."""
+    """make_job(hyperparameters, hosts=['algo-1'], current='algo-1', name=..., data='csv')
+    -> ml root of the digits job on loopback (the digits as `data` files: csv, tfrecord or
+    images), as SageMaker would lay it out on host `current`."""
 
-    def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None) -> Path:
+    def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None,
+             data="csv") -> Path:
         paths = MlPaths(tmp_path / (name or current))
         write_job_config(JobConfig(paths, ResourceConfig(current, tuple(hosts), "lo"),
-                                   hyperparameters, DIGITS_CHANNELS))
-        write_digits(paths.data_dir)
+                                   hyperparameters, digits_channels(data)))
+        write_digits(paths.data_dir, data)
         return paths.root
 
     return make

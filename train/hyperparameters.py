@@ -16,8 +16,10 @@ from container.hyperparameters import hp
 class TrainerConfig:
     """What the built-in Horovod/Keras trainer does; every field is a hyperparameter."""
 
-    model: str = hp("mlp", "Built-in model: mlp (tabular data) or cnn (images).",
-                    choices=("mlp", "cnn"))
+    model: str = hp(
+        "mlp", "Built-in model: mlp (tabular data), cnn (small images), or resnet50 or "
+        "mobilenet_v2 (keras.applications, randomly initialised or from the weights channel; "
+        "images of at least 32x32).", choices=("mlp", "cnn", "resnet50", "mobilenet_v2"))
     epochs: int = hp(10, "Passes over the training data.", minimum=1, maximum=100000)
     global_batch_size: int = hp(
         0, "Samples per optimizer step across all devices. 0 = per_device_batch_size x "
@@ -53,6 +55,17 @@ class TrainerConfig:
     image_shape: str = hp(
         "", "cnn: shape of one image as H,W,C (e.g. 8,8,1) when the data holds flat rows; "
         "empty = the data's own shape.")
+    image_size: int = hp(
+        0, "Images (image folders, TFRecord image features) are resized to image_size x "
+        "image_size pixels; 0 = the size of the channel's first image.",
+        minimum=0, maximum=4096)
+    augment: bool = hp(
+        False, "Image data: a random horizontal flip and a random crop (of the image padded "
+        "by 1/8) of every training image.")
+    feature_key: str = hp(
+        "image", "TFRecord: the tf.train.Example feature with the sample (a float or int64 "
+        "list, or encoded JPEG/PNG bytes).")
+    label_key: str = hp("label", "TFRecord: the tf.train.Example int64 feature with the class.")
     shuffle_buffer: int = hp(10000, "Samples in the shuffle buffer of each rank.",
                              minimum=1, maximum=100_000_000)
     seed: int = hp(1234, "Random seed for weights, shuffling and dropout.", minimum=0,

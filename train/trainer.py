@@ -23,12 +23,16 @@ from train.accumulation import AccumulatingModel
 from train.batching import BatchPlan
 from train.callbacks import Checkpointer, EpochReport, StopOnRequest
 from train.checkpoints import CheckpointStore
-from train.data import DataError, Dataset, read_channel, shard
+from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.hyperparameters import TrainerConfig
-from train.models import BUILDERS
+from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
+                          use_mixed_precision)
+from train.pipeline import (Source, evaluation_input, label_lookup, moments,
+                            naming_bad_records, open_source, training_input)
 from train.rank import RankContext, emit
 from train.schedule import WarmupSchedule
+from train.sharding import assign, readers
 
 
 def say(message: str) -> None:
@@ -41,60 +45,72 @@ def mark(moment: Mark) -> None:
         emit(mark_line(moment))
 
 
-def load_share(context: RankContext, channel: Channel) -> Dataset:
-    """This rank's share of a channel. # distributed: sharding by rank or by local rank."""
-    data = read_channel(context.paths.channel(channel.name))
-    share = shard(data, by_host=channel.sharded_by_host, rank=context.rank,
-                  world_size=context.world_size, local_rank=context.local_rank,
-                  local_size=context.local_size)
-    if not len(share):
+def open_share(context: RankContext, config: TrainerConfig, channel: Channel,
+               whole: bool = False) -> Source:
+    """This rank's files or records of a channel (all of it when `whole`).
+
+    # distributed: split by global rank (FullyReplicated) or by local rank (ShardedByS3Key).
+    """
+    files = list_channel(channel.name, context.paths.channel(channel.name),
+                         channel.content_type)
+    reader, count = (0, 1) if whole else readers(
+        by_host=channel.sharded_by_host, rank=context.rank, world_size=context.world_size,
+        local_rank=context.local_rank, local_size=context.local_size)
+    return open_source(files, assign(files.files, reader, count), config)
+
+
+def count_train(source: Source, channel: Channel, context: RankContext
+                ) -> tuple[int, list, tuple[int, ...]]:
+    """(samples on all ranks, sorted classes, sample shape), from the counting pass.
+
+    # distributed: every rank counts its own share; all ranks get the same totals.
+    """
+    count, labels = source.labels()
+    shares = hvd_tf.allgather_object((count, sorted(labels), tuple(source.shape)),
+                                     name="train_share")
+    empty = [rank for rank, share in enumerate(shares) if not share[0]]
+    if empty:
         raise DataError(
-            f"rank {context.rank} on host {context.host} got no samples of channel "
-            f"{channel.name} ({len(data)} sample(s) for {context.world_size} rank(s)"
-            f"{' on this host' if channel.sharded_by_host else ''}); add data or use fewer "
+            f"rank(s) {', '.join(map(str, empty))} got no samples of channel {channel.name} "
+            f"({sum(s[0] for s in shares)} sample(s) for {context.world_size} rank(s)"
+            f"{' split per host' if channel.sharded_by_host else ''}); add data or use fewer "
             f"ranks" + (" or FullyReplicated" if channel.sharded_by_host else ""))
-    return share
+    shapes = {share[2] for share in shares}
+    if len(shapes) > 1:
+        raise DataError(f"channel {channel.name}: hosts disagree on the sample shape: "
+                        f"{sorted(shapes)}")
+    classes = sorted(set().union(*(share[1] for share in shares)))
+    if len(classes) < 2:
+        raise DataError(f"channel {channel.name}: every label is {classes}; a classifier "
+                        f"needs at least two classes")
+    return sum(share[0] for share in shares), classes, shapes.pop()
 
 
-def class_labels(train: Dataset) -> np.ndarray:
-    """Every label seen on any rank, sorted. # distributed: ranks may each miss some."""
-    seen = hvd_tf.allgather_object(np.unique(train.y).tolist(), name="labels")
-    return np.array(sorted(set().union(*seen)), dtype=np.int64)
-
-
-def feature_statistics(train: Dataset) -> tuple[int, np.ndarray, np.ndarray]:
-    """(samples, mean, variance) per feature over the whole training set.
+def feature_statistics(source: Source, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, variance) per feature over a bounded sample of every rank's share.
 
     # distributed: summed in rank order on every rank, so every rank gets identical numbers.
     """
-    x = train.x.astype(np.float64)
-    parts = hvd_tf.allgather_object((len(x), x.sum(axis=0), (x * x).sum(axis=0)), name="stats")
+    parts = hvd_tf.allgather_object(moments(source, seed), name="stats")
     count = sum(p[0] for p in parts)
     mean = sum(p[1] for p in parts) / count
     variance = sum(p[2] for p in parts) / count - mean * mean
-    return count, mean.astype(np.float32), np.maximum(variance, 0).astype(np.float32)
+    return mean.astype(np.float32), np.maximum(variance, 0).astype(np.float32)
 
 
-def to_indices(data: Dataset, classes: np.ndarray, channel: str) -> np.ndarray:
-    index = np.searchsorted(classes, data.y)
-    unknown = (index >= len(classes)) | (classes[np.minimum(index, len(classes) - 1)] != data.y)
-    if unknown.any():
-        raise DataError(f"channel {channel}: label {data.y[unknown][0]} never occurs in the "
-                        f"train channel (classes are {classes.tolist()})")
-    return index
-
-
-def training_input(train: Dataset, labels: np.ndarray, plan: BatchPlan, config: TrainerConfig,
-                   rank: int) -> tf.data.Dataset:
-    """Endless shuffled per-device batches (one optimizer step each, split into micro-batches
-    by AccumulatingModel): every rank can run the same number of steps whatever the size of
-    its share. # distributed: a per-rank shuffle seed."""
-    return (tf.data.Dataset.from_tensor_slices((train.x, labels))
-            .shuffle(min(len(labels), config.shuffle_buffer), seed=config.seed + rank,
-                     reshuffle_each_iteration=True)
-            .repeat()
-            .batch(plan.per_device_batch, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE))
+def validation_source(context: RankContext, config: TrainerConfig, channel: Channel,
+                      classes: list) -> Source:
+    """This rank's share of the validation channel, or all of it when the share is empty."""
+    source = open_share(context, config, channel)
+    count, labels = source.labels()
+    if not count:
+        source = open_share(context, config, channel, whole=True)
+        count, labels = source.labels()
+    unknown = sorted(labels - set(classes))
+    if unknown:
+        raise DataError(f"channel {channel.name}: label {unknown[0]!r} never occurs in the "
+                        f"train channel (classes are {classes})")
+    return source
 
 
 def compile_for_training(model: tf.keras.Model, config: TrainerConfig, plan: BatchPlan,
@@ -128,6 +144,15 @@ def weights_digest(model: tf.keras.Model) -> str:
     return digest.hexdigest()
 
 
+def average_batch_statistics(model: tf.keras.Model) -> None:
+    """# distributed: batch normalisation's moving statistics are not trained, each rank keeps
+    its own from its own batches; the exported model gets their average over ranks."""
+    for variable in model.non_trainable_variables:
+        if variable.dtype.is_floating:
+            variable.assign(hvd_tf.allreduce(variable, op=hvd_tf.Average,
+                                             name=f"statistics.{variable.name}"))
+
+
 def verify_identical_weights(model: tf.keras.Model) -> None:
     """# distributed: every rank must end with the same model, or averaging silently broke."""
     digests = hvd_tf.allgather_object(weights_digest(model), name="weights_digest")
@@ -153,32 +178,29 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     say(plan.derivation())
 
     channels = read_channels(paths.input_data_config, paths.data_dir)
-    train_share = load_share(context, channels.get("train", Channel("train")))
-    classes = class_labels(train_share)
-    if len(classes) < 2:
-        raise DataError(f"channel train: every label is {classes.tolist()}; a classifier "
-                        f"needs at least two classes")
-    shapes = set(hvd_tf.allgather_object(train_share.x.shape[1:], name="shapes"))
-    if len(shapes) > 1:
-        raise DataError(f"channel train: hosts disagree on the sample shape: {sorted(shapes)}")
-    total, mean, variance = feature_statistics(train_share)
+    train_channel = channels.get("train", Channel("train"))
+    train_source = open_share(context, config, train_channel)
+    total, classes, shape = count_train(train_source, train_channel, context)
+    with naming_bad_records([train_source]):
+        mean, variance = feature_statistics(train_source, config.seed + context.rank)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
-    say(f"{total} training samples, {len(classes)} classes, sample shape "
-        f"{train_share.x.shape[1:]}; {steps_per_epoch} optimizer steps per epoch")
+    say(f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
+        f"{steps_per_epoch} optimizer steps per epoch")
     mark(Mark.DATA_READ)
+    lookup = label_lookup(classes)
 
-    validation = None
+    validation, sources = None, [train_source]
     if "validation" in channels or paths.channel("validation").is_dir():
-        full = read_channel(paths.channel("validation"))
-        share = full if len(full) < hvd.size() else shard(
-            full, by_host=channels.get("validation", Channel("validation")).sharded_by_host,
-            rank=context.rank, world_size=context.world_size, local_rank=context.local_rank,
-            local_size=context.local_size)
-        share = share if len(share) else full
-        validation = tf.data.Dataset.from_tensor_slices(
-            (share.x, to_indices(share, classes, "validation"))).batch(plan.micro_batch)
+        source = validation_source(context, config, channels.get(
+            "validation", Channel("validation")), classes)
+        validation = evaluation_input(source, lookup, plan.micro_batch)
+        sources.append(source)
 
-    model = BUILDERS[config.model](config, train_share.x.shape[1:], len(classes), mean, variance)
+    if use_mixed_precision(config.model):
+        say("mixed precision: float16 compute, float32 variables")
+    model = BUILDERS[config.model](config, shape, len(classes), mean, variance)
+    if paths.channel("weights").is_dir():
+        load_initial_weights(model, initial_weights_file(paths.channel("weights")))
     schedule = WarmupSchedule(plan.base_learning_rate, plan.learning_rate,
                               round(config.warmup_epochs * steps_per_epoch))
     stepper, optimizer = compile_for_training(model, config, plan, schedule)
@@ -211,11 +233,14 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     if hvd.rank() == 0:
         callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))
-    stepper.fit(training_input(train_share, to_indices(train_share, classes, "train"), plan,
-                               config, context.rank),
-                steps_per_epoch=steps_per_epoch, epochs=config.epochs,
-                initial_epoch=initial_epoch, validation_data=validation, callbacks=callbacks,
-                verbose=0)
+    with naming_bad_records(sources):
+        stepper.fit(training_input(train_source, lookup, plan.per_device_batch, config,
+                                   config.seed + context.rank,
+                                   augment=config.augment and len(shape) == 3),
+                    steps_per_epoch=steps_per_epoch, epochs=config.epochs,
+                    initial_epoch=initial_epoch, validation_data=validation,
+                    callbacks=callbacks, verbose=0)
+    average_batch_statistics(model)
     verify_identical_weights(model)
 
     if stop.stopped_in_epoch is not None:
@@ -225,8 +250,8 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
         return
     if hvd.rank() == 0:
         final = {k: v[-1] for k, v in report.history.items()} if report.history else {}
-        exported = export_model(model, paths.model_dir, classes=classes.tolist(), info={
-            "feature_count": int(np.prod(train_share.x.shape[1:])), "model": config.model,
+        exported = export_model(model, paths.model_dir, classes=classes, info={
+            "feature_count": int(np.prod(shape)), "model": config.model,
             "epochs": config.epochs, "world_size": hvd.size(),
             "global_batch": plan.global_batch, "final_metrics": final,
             "tensorflow": tf.__version__})

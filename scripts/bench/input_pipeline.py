@@ -1,14 +1,15 @@
 """Item 5: how fast the input side delivers samples, against what the trainer consumes.
 
-- the channel reader (`train.data.read_channel`, what every rank calls at start) on the same
-  synthetic samples written as CSV and as NPZ: samples per second, one process, warm page
-  cache (the files were just written), median of `repeats`;
-- the trainer's tf.data pipeline (`train.trainer.training_input`: from_tensor_slices,
-  shuffle, repeat, batch, prefetch) drained batch by batch without a model: the rate at which
-  it can feed a training step.
+- the channel reader (the source of `train.pipeline`: CSV parsed in chunks, NPZ a file at a
+  time) on the same synthetic samples written as CSV and as NPZ, drained without shuffling:
+  samples per second, one process, warm page cache (the files were just written), median of
+  `repeats`;
+- the trainer's whole tf.data pipeline (`train.pipeline.training_input`: the NPZ reader,
+  shuffle, repeat, label lookup, batch, prefetch) drained batch by batch without a model: the
+  rate at which it can feed a training step.
 
 The reference is the fastest whole-job training throughput measured in the same run (items 2
-and 3). Every rank reads the whole channel, so one reader must outpace the whole job.
+and 3). One reader must outpace the whole job (every rank has its own).
 
 Runs in its own process (TensorFlow and Horovod are imported for the tf.data part):
     python -m scripts.bench.input_pipeline OUT.json WORKDIR SAMPLES FEATURES BATCH BATCHES REPEATS
@@ -23,14 +24,26 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench.jobs import DataShape, synthetic, write_csv, write_npz
+from scripts.bench.jobs import CLASSES, DataShape, synthetic, write_csv, write_npz
 
 FORMATS = ("csv", "npz")
 
 
-def reader_rates(workdir: Path, samples: int, features: int, repeats: int) -> dict:
-    from train.data import read_channel
+def channel_source(folder: Path):
+    from train.data import list_channel
+    from train.hyperparameters import TrainerConfig
+    from train.pipeline import open_source
+    from train.sharding import Share
 
+    channel = list_channel("train", folder)
+    return open_source(channel, Share(channel.files), TrainerConfig())
+
+
+def drain(folder: Path) -> int:
+    return sum(len(y) for _, y in channel_source(folder).samples(None).batch(4096))
+
+
+def reader_rates(workdir: Path, samples: int, features: int, repeats: int) -> dict:
     x, y = synthetic(DataShape(samples, features))
     writers = {"csv": write_csv, "npz": write_npz}
     rates = {}
@@ -38,32 +51,26 @@ def reader_rates(workdir: Path, samples: int, features: int, repeats: int) -> di
         folder = workdir / f"channel-{name}"
         shutil.rmtree(folder, ignore_errors=True)
         path = writers[name](folder, x, y)
-        read_channel(folder)  # warm the page cache and numpy's code paths
+        drain(folder)  # warm the page cache and the code paths
         timings = []
         for _ in range(repeats):
             started = time.perf_counter()
-            data = read_channel(folder)
+            count = drain(folder)
             timings.append(time.perf_counter() - started)
-        if len(data) != samples:
-            raise RuntimeError(f"{path}: read {len(data)} samples, wrote {samples}")
+        if count != samples:
+            raise RuntimeError(f"{path}: read {count} samples, wrote {samples}")
         rates[name] = {"samples_per_sec": [samples / t for t in timings],
                        "file_bytes": path.stat().st_size}
     return rates
 
 
-def pipeline_rate(samples: int, features: int, batch: int, batches: int, repeats: int) -> dict:
-    import numpy as np
-
-    from train.batching import plan_batches
-    from train.data import Dataset
+def pipeline_rate(workdir: Path, batch: int, batches: int, repeats: int) -> dict:
     from train.hyperparameters import TrainerConfig
-    from train.trainer import training_input
+    from train.pipeline import label_lookup, training_input
 
-    x, y = synthetic(DataShape(samples, features))
-    plan = plan_batches(world_size=1, global_batch_size=0, per_device_batch_size=batch,
-                        max_device_batch_size=batch, learning_rate=0.001, base_batch_size=32,
-                        scale_learning_rate=False)
-    dataset = training_input(Dataset(x, y, ()), y.astype(np.int64), plan, TrainerConfig(), 0)
+    source = channel_source(workdir / "channel-npz")
+    dataset = training_input(source, label_lookup(list(range(CLASSES))), batch, TrainerConfig(),
+                             0, augment=False)
     iterator = iter(dataset)
     next(iterator)  # builds the pipeline and fills the shuffle buffer
     rates = []
@@ -71,8 +78,8 @@ def pipeline_rate(samples: int, features: int, batch: int, batches: int, repeats
         started = time.perf_counter()
         for _ in range(batches):
             next(iterator)
-        rates.append(batches * plan.micro_batch / (time.perf_counter() - started))
-    return {"samples_per_sec": rates, "batch": plan.micro_batch}
+        rates.append(batches * batch / (time.perf_counter() - started))
+    return {"samples_per_sec": rates, "batch": batch}
 
 
 def main(argv: list[str]) -> None:
@@ -80,7 +87,7 @@ def main(argv: list[str]) -> None:
     samples, features, batch, batches, repeats = map(int, argv[2:7])
     workdir.mkdir(parents=True, exist_ok=True)
     result = {"reader": reader_rates(workdir, samples, features, repeats),
-              "pipeline": pipeline_rate(samples, features, batch, batches, repeats)}
+              "pipeline": pipeline_rate(workdir, batch, batches, repeats)}
     for entry in [*result["reader"].values(), result["pipeline"]]:
         entry["median"] = statistics.median(entry["samples_per_sec"])
     out.write_text(json.dumps(result))

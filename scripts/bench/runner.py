@@ -12,6 +12,7 @@ Items (see each module's docstring for the method):
   4 cluster startup overhead and teardown, 2 hosts                    (scripts.bench.cluster)
   5 input: channel reader and tf.data vs trainer consumption         (scripts.bench.input_pipeline)
   6 peak RSS per rank and of the serving worker                       (scripts.bench.memory)
+  7 data at scale: RSS on a 4x channel, image input, TFRecord vs CSV  (scripts.bench.data_scale)
 
 Output: the table on stdout (progress and the exact commands on stderr), the full results
 (every repeat, machine, load average, date) in RESULTS/bench-<date>.json and
@@ -32,14 +33,14 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.bench import allreduce, cluster, memory, training
+from scripts.bench import allreduce, cluster, data_scale, memory, training
 from scripts.bench.launch import PYTHON, REPO, log, run
 from scripts.bench.results import (Measurement, Target, markdown_table, report, text_table,
                                    write_report)
 from scripts.bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE
 
-ITEMS = (1, 2, 3, 4, 5, 6)
+ITEMS = (1, 2, 3, 4, 5, 6, 7)
 NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
               "the median of repeats and the load average at each run's start is in the JSON.")
 
@@ -177,6 +178,7 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
     items.attempt(5, "input pipeline", input_pipeline)
     items.attempt(6, "peak RSS", lambda: memory.measure(
         trainer["rank_peaks"], trainer["model_root"], sizes.features, sizes.serve_requests))
+    items.attempt(7, "data at scale", lambda: data_scale.measure(sizes, workdir / "data"))
     items.attempt(4, "cluster overhead", lambda: cluster.measure(
         sizes, workdir / "cluster", mode=config.cluster_mode, image=config.image))
     return sorted(items.rows, key=lambda m: m.item), items.seconds

@@ -229,8 +229,9 @@ class Algorithm:
 
     name: str
     image: str
-    description: str = ("Distributed Keras training with Horovod over OpenMPI on CSV or NPZ "
-                        "data, and a model server for JSON, CSV, JSON lines and NPY.")
+    description: str = ("Distributed Keras training with Horovod over OpenMPI on CSV, NPZ, "
+                        "TFRecord or image-folder data, and a model server for JSON, CSV, "
+                        "JSON lines and NPY.")
     training_instance_types: tuple[str, ...] = (cap.CPU_TRAINING_INSTANCE_TYPES
                                                 + cap.GPU_TRAINING_INSTANCE_TYPES)
     realtime_instance_types: tuple[str, ...] = cap.REALTIME_INSTANCE_TYPES

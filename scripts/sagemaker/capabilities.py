@@ -23,9 +23,10 @@ from container.paths import MlPaths
 from container.plan import BUILTIN_CHANNELS
 from container.sagemaker_config import DISTRIBUTIONS
 from serve.codecs import CSV, JSONLINES, MEDIA_TYPES
+from train.data import CONTENT_TYPES
 
 TRAINING_CHANNELS = {name: name == "train" for name in BUILTIN_CHANNELS}  # name -> required
-TRAINING_CONTENT_TYPES = ("text/csv", "application/x-npz")
+TRAINING_CONTENT_TYPES = tuple(CONTENT_TYPES)  # what the trainer reads (train/data.py)
 TRAINING_INPUT_MODES = ("File", "FastFile")
 S3_DISTRIBUTIONS = DISTRIBUTIONS
 CHECKPOINT_LOCAL_PATH = str(MlPaths().checkpoint_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-ITEMS = {1, 2, 3, 4, 5, 6}
+ITEMS = {1, 2, 3, 4, 5, 6, 7}
 BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when it is busy
 
 
@@ -82,5 +82,10 @@ def test_each_item_measured_what_it_says(tiny_run):
     assert teardown["value"] >= 0
     assert {row["metric"].split(",")[0] for row in by_item[5]} == \
         {"channel reader", "tf.data training_input"}
+    scale, image, parity = by_item[7]
+    channel_mb = scale["details"]["channel_mb"]
+    assert 3.5 < channel_mb["4x"] / channel_mb["1x"] < 4.5  # the larger channel is 4x
+    assert image["reference_name"] == "2-rank cnn job consumption"
+    assert parity["reference_name"] == "the same job on one CSV file (by record)"
     rank, serving = by_item[6]
     assert rank["value"] > 100 and serving["details"]["requests"] == 3  # MB: TF is loaded

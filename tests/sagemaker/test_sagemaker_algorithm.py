@@ -32,10 +32,13 @@ def test_request_fits_the_schema_and_says_what_the_trainer_accepts():
     training = request["TrainingSpecification"]
     assert training["SupportsDistributedTraining"] is True
     assert training["MetricDefinitions"] == metrics.definitions()
+    data_types = ["text/csv", "application/x-npz", "application/x-tfrecord",
+                  "application/x-image", "image/jpeg", "image/png"]
     assert {c["Name"]: (c["IsRequired"], c["SupportedContentTypes"], c["SupportedInputModes"])
             for c in training["TrainingChannels"]} == {
-        "train": (True, ["text/csv", "application/x-npz"], ["File", "FastFile"]),
-        "validation": (False, ["text/csv", "application/x-npz"], ["File", "FastFile"])}
+        "train": (True, data_types, ["File", "FastFile"]),
+        "validation": (False, data_types, ["File", "FastFile"]),
+        "weights": (False, data_types, ["File", "FastFile"])}
     assert {o["MetricName"] for o in training["SupportedTuningJobObjectiveMetrics"]} == {
         "train:loss", "train:accuracy", "validation:loss", "validation:accuracy"}
     inference = request["InferenceSpecification"]

@@ -65,11 +65,11 @@ def test_missing_script_in_script_mode(make_job):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("1,2,3\n4,5\n", "digits.csv: not a numeric CSV without header"),
-    ("label,a,b\n1,2,3\n", "digits.csv: not a numeric CSV without header"),
+    ("1,2,3\n4,5\n", "digits.csv: line 2 has 2 columns but the file starts with 3"),
+    ("label,a,b\n1,2,3\n", "digits.csv: line 1, column 1: 'label' is not a number"),
     ("", "digits.csv: the file is empty"),
-    ("1,2,3\n2,nan,4\n", "digits.csv: row 2 has a NaN or infinite feature"),
-    ("1.5,2,3\n", "digits.csv: row 1 has label 1.5; labels must be integer class numbers"),
+    ("1,2,3\n2,nan,4\n", "digits.csv: line 2 has a NaN or infinite value"),
+    ("1.5,2,3\n", "digits.csv: line 1 has label 1.5; labels must be integer class numbers"),
 ])
 def test_bad_training_data_is_named_in_the_failure(make_job, content, message):
     root = make_job({"processes_per_host": 1})
@@ -87,8 +87,20 @@ def test_unsupported_file_and_empty_channel(make_job):
     (train / "digits.csv").unlink()
     result = run_train(root, timeout=180)
     assert result.returncode == 2
-    assert "has no CSV or NPZ files" in failure_of(root)
+    assert "channel train: " in failure_of(root) and "has no data files" in failure_of(root)
     (train / "notes.txt").write_text("hello")
     run_train(root, timeout=180)
-    assert "notes.txt: unsupported file type; channel files must be CSV (.csv) or NPZ (.npz)" \
-        in failure_of(root)
+    # the channel's ContentType is text/csv: a file without a known extension is read as CSV
+    assert "notes.txt: each row needs a label and at least one feature" in failure_of(root)
+
+
+def test_pipe_mode_is_refused_before_anything_starts(make_job):
+    root = make_job({"processes_per_host": 1})
+    config = root / "input" / "config" / "inputdataconfig.json"
+    channels = json.loads(config.read_text())
+    channels["train"]["TrainingInputMode"] = "Pipe"
+    config.write_text(json.dumps(channels))
+    result = run_train(root, timeout=60)
+    assert result.returncode == 2
+    assert "channel train uses Pipe input mode, which this container does not read; use File " \
+        "or FastFile" in failure_of(root)
