@@ -110,7 +110,8 @@ bench-serve: setup
 
 # --- training performance benchmarks --------------------------------------------------
 # One table (metric, this project, reference, ratio, target, met) on stdout; the full results
-# in results/bench-<date>.json and results/bench-latest.{json,md}. Under 10 minutes on 2 cores.
+# in results/bench-<date>.json and results/bench-latest.{json,md}. Items 1-6 take 4-6 minutes on 2 cores,
+# item 7 (data at scale) 5-12 more.
 # Item 4 runs on the local compose cluster when the image exists (BENCH_IMAGE, by default the
 # one `make build` makes), else on two launchers on 127.0.0.1/127.0.0.2; the table names which.
 # See scripts/bench/runner.py.
