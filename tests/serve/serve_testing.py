@@ -11,6 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from serve.app import create_app
+from serve.batching import MicroBatcher
+from serve.config import ServeConfig
+from serve.limits import DecodeBudget
+
 INPUT_SHAPE = (2, 2)
 CLASSES = ["cat", "dog", "bird"]
 KERNEL = (np.arange(12, dtype=np.float32).reshape(4, 3) - 6) / 4
@@ -38,3 +43,9 @@ def write_model(model_dir: Path, metadata: dict = METADATA) -> Path:
     model.save(str(model_dir / "model"), save_format="tf", include_optimizer=False)
     (model_dir / "metadata.json").write_text(json.dumps(metadata))
     return model_dir
+
+
+def app_for(config: ServeConfig, model, predict=None):
+    """The app a worker builds for `model` (its forward pass replaced by `predict` if given)."""
+    batcher = MicroBatcher(predict or model.predict, config.max_batch_size, config.max_queue)
+    return create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes))

@@ -106,7 +106,7 @@ def gated(trained, tmp_path_factory):
     model_dir.mkdir()
     (model_dir / "model").symlink_to(trained / "model" / "model")
     os.mkfifo(model_dir / "metadata.json")
-    server = Server(ml_root, ml_root / "serve.log", SERVE_MAX_BATCH_WAIT_MS="20")
+    server = Server(ml_root, ml_root / "serve.log")
     metadata = (trained / "model" / "metadata.json").read_bytes()
 
     def release() -> None:
