@@ -9,8 +9,8 @@
 | GET /metrics               | this worker's micro-batching counters (see serve.batching)     |
 
 An invocation flows decode -> validate -> predict -> encode, against one deadline: the
-request timeout, counted from its arrival. The body is read and decoded only once the worker's
-decode budget has room for it (serve.limits), and waits for the model in a bounded queue
+request timeout, counted from its arrival. The body is decoded only once the worker's decode
+budget has room for it (serve.limits), and waits for the model in a bounded queue
 (serve.batching); a request that cannot be answered by its deadline gets 503 then and is
 never computed later. A request whose body is over the limit is answered 413 after its body is
 read and dropped, so that the client, still sending, is not cut off before it can read the
@@ -50,6 +50,7 @@ ROUTES = "GET /ping, POST /invocations, GET /execution-parameters, GET /metrics"
 # larger one is cut off (the client may then see the connection reset instead).
 DRAIN_LIMIT_BYTES = 256 * 1024 * 1024
 RETRY_AFTER_S = 1
+READ_CHUNK_BYTES = 1024 * 1024
 
 
 def _check_not_stalled(batcher: MicroBatcher, config: ServeConfig) -> None:
@@ -79,13 +80,11 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
         model.check_ready()
         _check_not_stalled(batcher, config)
         media_type = negotiate(request.headers.get("Accept"))
-        limit = config.max_payload_bytes
-        if limit and (request.content_length or 0) > limit:
-            raise RequestEntityTooLarge()  # at once, without waiting for the decode budget
-        with budget.hold(request.content_length or limit or budget.capacity, deadline):
-            instances = decode(request.get_data(cache=False), request.mimetype,
-                               request.mimetype_params.get("charset"))
+        body = _read_body(config.max_payload_bytes)
+        with budget.hold(len(body), deadline):
+            instances = decode(body, request.mimetype, request.mimetype_params.get("charset"))
             batch = validate(instances, model.metadata)
+        del body, instances  # not held while the request waits for the model
         outputs = batcher.submit(batch, deadline)
         return Response(encode(outputs, model.metadata, media_type), mimetype=media_type)
 
@@ -96,7 +95,8 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
 
     @app.get("/metrics")
     def metrics() -> dict:
-        return {"pid": os.getpid(), **dataclasses.asdict(batcher.stats)}
+        return {"pid": os.getpid(), "model_call_running_s": round(batcher.stalled_s(), 3),
+                "requests_waiting": batcher.waiting(), **dataclasses.asdict(batcher.stats)}
 
     @app.errorhandler(Exception)
     def error(exception: Exception) -> Response:
@@ -155,12 +155,28 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
                     mimetype="application/json", headers=headers)
 
 
+def _read_body(limit: int | None) -> bytes:
+    """The request body; RequestEntityTooLarge as soon as it passes `limit` bytes.
+
+    A declared Content-Length over the limit fails before anything is read (werkzeug checks
+    MAX_CONTENT_LENGTH); a chunked body, which declares no length, is read until it passes it.
+    """
+    stream = request.stream
+    chunks, size = [], 0
+    while chunk := stream.read(READ_CHUNK_BYTES):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise RequestEntityTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _drain_body() -> None:
     """Read and drop what is left of the request body, up to DRAIN_LIMIT_BYTES."""
     stream = request.environ["wsgi.input"]
     remaining = DRAIN_LIMIT_BYTES
     while remaining > 0:
-        chunk = stream.read(min(remaining, 1024 * 1024))
+        chunk = stream.read(min(remaining, READ_CHUNK_BYTES))
         if not chunk:
             return
         remaining -= len(chunk)

@@ -86,6 +86,10 @@ class MicroBatcher:
         busy_since = self._busy_since
         return 0.0 if busy_since is None else time.monotonic() - busy_since
 
+    def waiting(self) -> int:
+        """Requests queued for the model now."""
+        return len(self._queue)
+
     def submit(self, batch: np.ndarray, deadline: float) -> np.ndarray:
         """The model's outputs for `batch`, computed alone or with others; raise TimeoutError
         at `deadline` (time.monotonic()) and Overloaded when the queue is full."""

@@ -1,12 +1,15 @@
-"""A ceiling on the request bodies a worker reads and decodes at once, in bytes.
+"""A ceiling on the request bodies a worker decodes at once, in bytes.
 
 Decoding costs far more memory than the body: a 6 MB CSV body becomes a string, a list of
 lists of strings and a float64 array, about 17 times its size at the peak. Without a bound,
 64 concurrent 6 MB posts would need several gigabytes in one worker and get it killed. So a
-request reserves its body's size (its Content-Length, or the payload limit when the length
-is unknown) before reading it, and waits, up to its deadline, while others hold the budget.
-Small bodies barely touch it, so one-row requests never queue behind a large one; a body
-larger than the whole budget is decoded alone. Bodies not yet admitted stay in the socket.
+request reserves its body's size before decoding it, and waits, up to its deadline, while
+others hold the budget. Small bodies barely touch it, so one-row requests never queue behind
+a large one; a body larger than the whole budget is decoded alone.
+
+The budget is taken after the body is read, not before: a client that sends its body slowly
+then holds a request thread, never the budget, so a few slow clients cannot stall everyone's
+decoding. Raw bodies are bounded apart from it, by the request threads times the payload limit.
 """
 
 from __future__ import annotations
