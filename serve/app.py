@@ -95,7 +95,8 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
 
     @app.get("/metrics")
     def metrics() -> dict:
-        return {"pid": os.getpid(), "model_call_running_s": round(batcher.stalled_s(), 3),
+        return {"pid": os.getpid(), "model_ready": model.ready,
+                "model_call_running_s": round(batcher.stalled_s(), 3),
                 "requests_waiting": batcher.waiting(), **dataclasses.asdict(batcher.stats)}
 
     @app.errorhandler(Exception)
