@@ -245,12 +245,14 @@ class Result:
     non_2xx: int
 
 
-UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
 
-def _ms(text: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
-    return float(number) * UNITS_MS[unit]
+def _percentile_ms(output: str, percent: int) -> float:
+    found = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s|m)\s*$", output, re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"no {percent}% latency in wrk's output:\n{output}")
+    return float(found.group(1)) * UNITS_MS[found.group(2)]
 
 
 def wrk(wrk_path: str, server: Server, script: Path, concurrency: int,
@@ -263,8 +265,7 @@ def wrk(wrk_path: str, server: Server, script: Path, concurrency: int,
         capture_output=True, text=True, check=True).stdout
     cpu_s = server.cpu_s() - cpu_before
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
-    p50 = _ms(re.search(r"50%\s+(\S+)", output).group(1))
-    p99 = _ms(re.search(r"99%\s+(\S+)", output).group(1))
+    p50, p99 = _percentile_ms(output, 50), _percentile_ms(output, 99)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     errors = re.search(r"Socket errors:.*", output)
     if errors:
