@@ -21,7 +21,8 @@ right and memory after warm-up stays within 10 %.
     python scripts/bench_serve.py [--duration 5] [--repeats 3] [--models mlp,cnn]
     python scripts/bench_serve.py --soak [--soak-minutes 3]
 
-Models are trained once under build/bench-serve/<name> by scripts/default_job.py. `wrk` is
+Models are trained once under build/bench-serve/<name> by scripts/default_job.py; the servers'
+logs are build/bench-serve/serve.log and baseline.log. `wrk` is
 installed from Debian when missing (as root; otherwise the apt-get line is printed).
 """
 
@@ -222,10 +223,12 @@ def started(name: str, ml_root: Path, env: dict[str, str] | None = None) -> Iter
     else:
         command = [sys.executable, __file__, "--baseline-server", str(port), "--ml-root",
                    str(ml_root)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True,
-                               env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port),
-                                    **(env or {})})
+    log = BUILD / f"{name}.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   start_new_session=True,
+                                   env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port),
+                                        **(env or {})})
     try:
         wait_until_healthy(port, process)
         yield Server(name, port, process)
