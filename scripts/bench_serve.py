@@ -5,10 +5,11 @@ bring-your-own-container server on the same machine and model: Flask on gunicorn
 workers, one per core, the SavedModel loaded once per worker, one call of a traced
 `tf.function` per request, CSV in, JSON out (`baseline_app` below). `wrk` drives both with
 keep-alive connections, one CSV row per request, at concurrency 1, 8, 32 and 64, on the
-digits MLP and on a CNN (conv_filters 256,256,512) whose one-row call costs over a millisecond. Cells
-alternate between the two servers (A, B, A, B ...) so that the load of other processes falls
-on both alike; each figure is the median of `--repeats` runs. It prints requests/s, p50/p99,
-the CPU time each server spends per request, the ratios serve/baseline, and the targets.
+digits MLP and on a CNN (conv_filters 256,256,512) whose one-row call costs about a
+millisecond. Cells alternate between the two servers (A, B, A, B ...) so that the load of other
+processes falls on both alike; each figure is the median of `--repeats` runs. It prints
+requests/s, p50/p99, the CPU time each server spends per request, the ratios serve/baseline,
+and the targets.
 
 The soak run (`--soak`) sends `serve` a few minutes of mixed traffic at concurrency 64: valid
 CSV and JSON requests, whose answers are checked against the model run in this process, and

@@ -57,7 +57,8 @@ def gated(trained, tmp_path_factory):
     model_dir.mkdir()
     (model_dir / "model").symlink_to(trained / "model" / "model")
     os.mkfifo(model_dir / "metadata.json")
-    server = Server(ml_root, ml_root / "serve.log")
+    # One worker: the FIFO hands the metadata to one reader.
+    server = Server(ml_root, ml_root / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="1")
     metadata = (trained / "model" / "metadata.json").read_bytes()
 
     def release() -> None:
