@@ -97,7 +97,8 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
     def metrics() -> dict:
         return {"pid": os.getpid(), "model_ready": model.ready,
                 "model_call_running_s": round(batcher.stalled_s(), 3),
-                "requests_waiting": batcher.waiting(), **dataclasses.asdict(batcher.stats)}
+                "requests_waiting": batcher.waiting(), "decoding_peak_bytes": budget.peak_bytes,
+                **dataclasses.asdict(batcher.stats)}
 
     @app.errorhandler(Exception)
     def error(exception: Exception) -> Response:

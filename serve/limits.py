@@ -25,6 +25,7 @@ class DecodeBudget:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
+        self.peak_bytes = 0  # the most ever held at once, for GET /metrics
         self._held = 0
         self._freed = threading.Condition()
 
@@ -37,6 +38,7 @@ class DecodeBudget:
                                         timeout=max(0.0, deadline - time.monotonic())):
                 raise TimeoutError("no room to decode the body before the deadline")
             self._held += size
+            self.peak_bytes = max(self.peak_bytes, self._held)
         try:
             yield
         finally:
