@@ -98,15 +98,19 @@ sagemaker-transform: setup
 # --- inference server -----------------------------------------------------------------
 # See "Serving the model" in README.md. The benchmark trains the default job into build/bench-serve
 # first when no model is there.
-.PHONY: test-serve bench-serve
+.PHONY: test-serve bench-serve soak-serve
 
 ## The inference server's tests (unit, fuzzing, end to end with the real trainer).
 test-serve: setup
 	$(PY) -m pytest -q tests/serve
 
-## Requests/s and p50/p99 of serve vs the classic BYOC baseline vs in-process predict.
+## Requests/s and p50/p99 (wrk) of serve vs a careful BYOC server, MLP and CNN, c=1..64.
 bench-serve: setup
 	$(PY) scripts/bench_serve.py
+
+## Minutes of mixed valid/invalid traffic at c=64 plus slow clients: no 5xx, answers, memory.
+soak-serve: setup
+	$(PY) scripts/bench_serve.py --soak
 
 # --- training performance benchmarks --------------------------------------------------
 # One table (metric, this project, reference, ratio, target, met) on stdout; the full results

@@ -1,22 +1,30 @@
-"""Benchmark of the inference server (`make bench-serve`); a measurement, not a test.
+"""Benchmark and soak run of the inference server (`make bench-serve`, `make soak-serve`).
 
-On one model (the default job's digits classifier) and this machine, it measures requests/s
-and p50/p99 latency at concurrency 1, 8 and 32 of:
-  (a) serve     this server: `serve --ml-root DIR` (gunicorn gthread, micro-batching);
-  (b) baseline  the classic SageMaker bring-your-own-container predictor (Flask on gunicorn
-                sync workers, one per CPU, one `model.predict` per request), written below;
-  (c) in-proc   `model.predict` on batches of `concurrency` instances in this process, no
-                HTTP: what the model gives if every request were batched and HTTP were free;
-  (c') forward  the same batches through the traced forward pass that (a) calls: the cost
-                of the model alone.
-Every request is one CSV row (one instance) sent by `concurrency` keep-alive clients of an
-asyncio load generator; (b)'s sync workers close each connection, so its clients reconnect,
-as they would against the classic example. For (c) and (c') a "request" is one instance and
-the latency is that of the batch call. It prints a table and the ratios a/b and a/c.
+The benchmark compares `serve`, with its defaults, against a carefully written
+bring-your-own-container server on the same machine and model: Flask on gunicorn sync
+workers, one per core, the SavedModel loaded once per worker, one call of a traced
+`tf.function` per request, CSV in, JSON out (`baseline_app` below). `wrk` drives both with
+keep-alive connections, one CSV row per request, at concurrency 1, 8, 32 and 64, on the
+digits MLP and on a CNN (conv_filters 256,256,512) whose one-row call costs about a
+millisecond. Cells alternate between the two servers (A, B, A, B ...) so that the load of other
+processes falls on both alike; each figure is the median of `--repeats` runs. It prints
+requests/s, p50/p99, the CPU time each server spends per request, the ratios serve/baseline,
+and the targets.
 
-    python scripts/bench_serve.py [--ml-root build/bench-serve] [--duration 5] [--warmup 1]
+The soak run (`--soak`) sends `serve` a few minutes of mixed traffic at concurrency 64: valid
+CSV and JSON requests, whose answers are checked against the model run in this process, and
+invalid ones (bad numbers, shapes, charsets, .npy headers, types, paths, oversized bodies),
+whose statuses are checked, plus a few clients that send their bodies a byte at a time. It
+first posts 64 concurrent 6 MB CSV bodies at once. It prints the statuses, any wrong answer,
+and the workers' resident memory over time; it fails unless there is no 5xx, every answer is
+right and memory after warm-up stays within 10 %.
 
-Without a trained model under ML_ROOT/model it first runs `scripts/default_job.py` there.
+    python scripts/bench_serve.py [--duration 5] [--repeats 3] [--models mlp,cnn]
+    python scripts/bench_serve.py --soak [--soak-minutes 3]
+
+Models are trained once under build/bench-serve/<name> by scripts/default_job.py; the servers'
+logs are build/bench-serve/serve.log and baseline.log. `wrk` is
+installed from Debian when missing (as root; otherwise the apt-get line is printed).
 """
 
 from __future__ import annotations
@@ -24,15 +32,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
 import os
+import re
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -40,68 +55,84 @@ from container.network import free_port
 from serve.metadata import SAVEDMODEL_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCIES = (1, 8, 32)
-TARGET_CONCURRENCY = 32
-SERVE, BASELINE = "(a) serve", "(b) BYOC baseline"
-PREDICT, FORWARD = "(c) in-proc predict", "(c') forward only"
+BUILD = ROOT / "build" / "bench-serve"
+CONCURRENCIES = (1, 8, 32, 64)
+MODELS = {"mlp": [], "cnn": ["--model", "cnn", "--set", "conv_filters=256,256,512"]}
+SERVE, BASELINE = "serve", "baseline"
 
 
-@dataclass
-class Result:
-    name: str
-    concurrency: int
-    requests_per_s: float
-    p50_ms: float
-    p99_ms: float
-    errors: int = 0
+# --- set-up --------------------------------------------------------------------------------
+
+def ensure_wrk() -> str:
+    """The path of `wrk`, installing the Debian package when it is missing and we are root."""
+    found = shutil.which("wrk")
+    if found:
+        return found
+    if os.geteuid() != 0:
+        sys.exit("bench-serve: wrk is missing; install it with: "
+                 "sudo apt-get install -y --no-install-recommends wrk")
+    print("bench-serve: installing the Debian package wrk", flush=True)
+    subprocess.run(["apt-get", "update", "-q"], check=True)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "wrk"],
+                   check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return shutil.which("wrk")
 
 
-# --- (b): the classic BYOC predictor, as in scikit_bring_your_own/container/predictor.py ----
+def ensure_model(name: str) -> Path:
+    """The ML root of model `name`, trained there by the default job when missing."""
+    ml_root = BUILD / name
+    if not (ml_root / "model" / "metadata.json").exists():
+        print(f"bench-serve: training the {name} model under {ml_root}", flush=True)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "default_job.py"), "--ml-root",
+                        str(ml_root), "--epochs", "1", *MODELS[name]], check=True)
+    return ml_root
 
-def baseline_app(model_path: str):
-    """The classic example's Flask app: lazy model load, CSV in, model.predict per request."""
+
+def digits() -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    return load_digits().data
+
+
+def csv_row(row: np.ndarray) -> bytes:
+    return ",".join(f"{value:g}" for value in row).encode()
+
+
+# --- the baseline: a carefully written BYOC server -------------------------------------------
+
+def baseline_app(ml_root: Path):
+    """Loads the SavedModel once (in the worker, after fork), traces one call, serves CSV."""
     import flask
+    import tensorflow as tf
 
-    class ScoringService:
-        model = None
-
-        @classmethod
-        def get_model(cls):
-            if cls.model is None:
-                import tensorflow as tf
-
-                cls.model = tf.keras.models.load_model(model_path, compile=False)
-            return cls.model
-
-        @classmethod
-        def predict(cls, data):
-            return cls.get_model().predict(data, verbose=0)
-
+    metadata = json.loads((ml_root / "model" / "metadata.json").read_text())
+    shape = tuple(metadata["input_shape"])
+    model = tf.keras.models.load_model(str(ml_root / "model" / metadata["model_path"]),
+                                       compile=False)
+    forward = tf.function(lambda batch: model(batch, training=False),
+                          input_signature=[tf.TensorSpec((None, *shape), tf.float32)])
+    forward(np.zeros((1, *shape), np.float32))
     app = flask.Flask("baseline")
 
-    @app.route("/ping", methods=["GET"])
+    @app.get("/ping")
     def ping():
-        healthy = ScoringService.get_model() is not None
-        return flask.Response(response="\n", status=200 if healthy else 404,
-                              mimetype="application/json")
+        return flask.Response(status=200)
 
-    @app.route("/invocations", methods=["POST"])
-    def transformation():
-        if flask.request.content_type != "text/csv":
-            return flask.Response(response="This predictor only supports CSV data", status=415,
-                                  mimetype="text/plain")
-        data = np.loadtxt(io.StringIO(flask.request.data.decode("utf-8")), delimiter=",",
-                          ndmin=2)
-        probabilities = ScoringService.predict(data)
-        out = io.StringIO()
-        np.savetxt(out, np.column_stack([probabilities.argmax(axis=1), probabilities]),
-                   delimiter=",", fmt="%.9g")
-        return flask.Response(response=out.getvalue(), status=200, mimetype="text/csv")
+    @app.post("/invocations")
+    def invocations():
+        if flask.request.mimetype != "text/csv":
+            return flask.Response("this predictor reads text/csv", status=415)
+        rows = np.loadtxt(io.BytesIO(flask.request.get_data()), delimiter=",", ndmin=2,
+                          dtype=np.float32)
+        probabilities = forward(rows.reshape((-1, *shape))).numpy()
+        return flask.jsonify(predictions=[
+            {"class": metadata["classes"][int(row.argmax())], "probabilities": row.tolist()}
+            for row in probabilities])
 
     return app
 
 
-def run_baseline_server(port: int, model_path: str) -> None:
+def run_baseline_server(port: int, ml_root: Path) -> None:
     from gunicorn.app.base import BaseApplication
 
     class Baseline(BaseApplication):
@@ -112,64 +143,57 @@ def run_baseline_server(port: int, model_path: str) -> None:
                 self.cfg.set(name, value)
 
         def load(self):
-            return baseline_app(model_path)
+            return baseline_app(ml_root)
 
     Baseline().run()
 
 
-# --- the load generator ----------------------------------------------------------------------
+# --- servers ---------------------------------------------------------------------------------
 
-async def _client(port: int, request: bytes, measure_from: float, stop_at: float,
-                  latencies: list[float], errors: list[int]) -> None:
-    reader = writer = None
-    while time.perf_counter() < stop_at:
-        start = time.perf_counter()
-        if writer is None:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        headers = head.lower()
-        length = int(headers.split(b"content-length:")[1].split(b"\r\n")[0])
-        await reader.readexactly(length)
-        if start >= measure_from:
-            latencies.append(time.perf_counter() - start)
-            if head[9:12] != b"200":
-                errors.append(int(head[9:12]))
-        if b"connection: close" in headers:
-            writer.close()
-            writer = None
-    if writer is not None:
-        writer.close()
+@dataclass
+class Server:
+    name: str
+    port: int
+    process: subprocess.Popen
 
+    def pids(self) -> list[int]:
+        """The master and its workers (the process group of the session)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getpgid(int(entry.name)) == self.process.pid:
+                        found.append(int(entry.name))
+                except OSError:
+                    pass
+        return found
 
-def load_test(name: str, port: int, rows: np.ndarray, concurrency: int, warmup_s: float,
-              duration_s: float) -> Result:
-    """`concurrency` clients send one CSV row each, over and over, for warmup + duration."""
-    requests = []
-    for row in rows[:concurrency]:
-        body = ",".join(f"{value:g}" for value in row).encode()
-        requests.append(b"POST /invocations HTTP/1.1\r\nHost: bench\r\nContent-Type: text/csv\r\n"
-                        b"Accept: text/csv\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    latencies: list[float] = []
-    errors: list[int] = []
+    def cpu_s(self) -> float:
+        """CPU time used so far by the server's processes."""
+        total = 0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
 
-    async def main() -> None:
-        now = time.perf_counter()
-        measure_from, stop_at = now + warmup_s, now + warmup_s + duration_s
-        await asyncio.gather(*(_client(port, request, measure_from, stop_at, latencies, errors)
-                               for request in requests))
+    def worker_rss_mb(self) -> dict[int, float]:
+        """Resident memory of each worker (every process but the master), in MB."""
+        sizes = {}
+        for pid in self.pids():
+            if pid == self.process.pid:
+                continue
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            kb = re.search(r"VmRSS:\s+(\d+)", status)
+            if kb:
+                sizes[pid] = int(kb.group(1)) / 1024
+        return sizes
 
-    asyncio.run(main())
-    return _result(name, concurrency, latencies, len(latencies) / duration_s, len(errors))
-
-
-def _result(name: str, concurrency: int, latencies: list[float], rate: float,
-            errors: int = 0) -> Result:
-    p50, p99 = np.percentile(np.array(latencies) * 1000, [50, 99])
-    return Result(name, concurrency, rate, float(p50), float(p99), errors)
-
-
-# --- servers and the in-process bound --------------------------------------------------------
 
 def wait_until_healthy(port: int, process: subprocess.Popen, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
@@ -187,121 +211,402 @@ def wait_until_healthy(port: int, process: subprocess.Popen, timeout_s: float = 
                        f"{timeout_s:.0f} s")
 
 
-def measure_server(name: str, command: list[str], env: dict[str, str], port: int,
-                   rows: np.ndarray, args: argparse.Namespace) -> list[Result]:
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+@contextmanager
+def started(name: str, ml_root: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    port = free_port()
+    if name == SERVE:
+        command = [str(Path(sys.executable).parent / "serve"), "--ml-root", str(ml_root)]
+    else:
+        command = [sys.executable, __file__, "--baseline-server", str(port), "--ml-root",
+                   str(ml_root)]
+    log = BUILD / f"{name}.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   start_new_session=True,
+                                   env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port),
+                                        **(env or {})})
     try:
         wait_until_healthy(port, process)
-        # Every worker answers before measuring: the baseline loads its model on first use.
-        load_test(name, port, rows, 8, 0, args.warmup + 2)
-        results = []
-        for concurrency in CONCURRENCIES:
-            results.append(load_test(name, port, rows, concurrency, args.warmup, args.duration))
-            print(_row(results[-1]), flush=True)
-        return results
+        yield Server(name, port, process)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
 
 
-def measure_in_process(model_dir: Path, rows: np.ndarray, duration_s: float) -> list[Result]:
+# --- wrk -------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_request: float
+    non_2xx: int
+
+
+UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def _percentile_ms(output: str, percent: int) -> float:
+    found = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s|m)\s*$", output, re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"no {percent}% latency in wrk's output:\n{output}")
+    return float(found.group(1)) * UNITS_MS[found.group(2)]
+
+
+def wrk(wrk_path: str, server: Server, script: Path, concurrency: int,
+        duration_s: float) -> Result:
+    """One wrk run against `server`: requests/s, p50/p99 and the server's CPU per request."""
+    cpu_before = server.cpu_s()
+    output = subprocess.run(
+        [wrk_path, "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--latency", "-s",
+         str(script), f"http://127.0.0.1:{server.port}/invocations"],
+        capture_output=True, text=True, check=True).stdout
+    cpu_s = server.cpu_s() - cpu_before
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    p50, p99 = _percentile_ms(output, 50), _percentile_ms(output, 99)
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    errors = re.search(r"Socket errors:.*", output)
+    if errors:
+        print(f"    wrk: {errors.group(0)}", flush=True)
+    return Result(rate, p50, p99, 1000 * cpu_s / max(1.0, rate * duration_s),
+                  int(non_2xx.group(1)) if non_2xx else 0)
+
+
+def wrk_script(directory: Path, row: np.ndarray) -> Path:
+    script = directory / "post_csv_row.lua"
+    script.write_text(f'wrk.method = "POST"\nwrk.body = "{csv_row(row).decode()}"\n'
+                      'wrk.headers["Content-Type"] = "text/csv"\n'
+                      'wrk.headers["Accept"] = "application/json"\n')
+    return script
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+def forward_cost_ms(ml_root: Path, rows: np.ndarray) -> dict[int, float]:
+    """The model alone: ms per traced call of 1 and 32 rows, in this process, one thread."""
+    code = f"""
+import json, time, numpy as np, tensorflow as tf
+model = tf.keras.models.load_model({str(ml_root / "model" / "model")!r}, compile=False)
+rows = np.array({rows[:32].tolist()}, np.float32)
+forward = tf.function(lambda b: model(b, training=False),
+                      input_signature=[tf.TensorSpec((None, rows.shape[1]), tf.float32)])
+costs = {{}}
+for n in (1, 32):
+    batch = tf.constant(rows[:n]); forward(batch)
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < 1.0:
+        forward(batch).numpy(); calls += 1
+    costs[n] = 1000 * (time.perf_counter() - start) / calls
+print(json.dumps(costs))
+"""
+    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, env=env).stdout
+    return {int(n): cost for n, cost in json.loads(output.splitlines()[-1]).items()}
+
+
+HEADER = (f"{'model':<5} {'conc':>4} {'server':<9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'cpu ms/req':>10} {'non-2xx':>7} {'load':>5}")
+
+
+def bench_model(name: str, wrk_path: str, args: argparse.Namespace,
+                workdir: Path) -> dict[int, dict[str, Result]]:
+    ml_root = ensure_model(name)
+    rows = digits()
+    costs = forward_cost_ms(ml_root, rows)
+    print(f"\n{name}: the traced forward pass alone, one thread: {costs[1]:.2f} ms for 1 row, "
+          f"{costs[32]:.2f} ms for 32 rows", flush=True)
+    script = wrk_script(workdir, rows[0])
+    table: dict[int, dict[str, Result]] = {}
+    with started(SERVE, ml_root) as serve, started(BASELINE, ml_root) as baseline:
+        servers = (serve, baseline)
+        for server in servers:  # every worker loaded and warm before measuring
+            wrk(wrk_path, server, script, 8, 2)
+        print(HEADER, flush=True)
+        for concurrency in CONCURRENCIES:
+            runs: dict[str, list[Result]] = {SERVE: [], BASELINE: []}
+            for _ in range(args.repeats):
+                for server in servers:
+                    runs[server.name].append(wrk(wrk_path, server, script, concurrency,
+                                                 args.duration))
+            table[concurrency] = {}
+            for server in servers:
+                results = runs[server.name]
+                median = Result(*(statistics.median(getattr(r, field) for r in results)
+                                  for field in Result.__dataclass_fields__))
+                table[concurrency][server.name] = median
+                print(f"{name:<5} {concurrency:>4} {server.name:<9} "
+                      f"{median.requests_per_s:>8.0f} {median.p50_ms:>8.2f} "
+                      f"{median.p99_ms:>8.2f} {median.cpu_ms_per_request:>10.2f} "
+                      f"{sum(r.non_2xx for r in results):>7} {os.getloadavg()[0]:>5.1f}",
+                      flush=True)
+    return table
+
+
+TARGETS = {"cnn": {1: 1.0, 8: 1.0, 32: 2.0}, "mlp": {c: 1.0 for c in CONCURRENCIES}}
+
+
+def report(tables: dict[str, dict[int, dict[str, Result]]]) -> bool:
+    print(f"\n{'model':<5} {'conc':>4} {'req/s serve/baseline':>21} {'target':>7} "
+          f"{'p99 serve':>10} {'p99 baseline':>13} {'met':>4}")
+    all_met = True
+    for name, table in tables.items():
+        for concurrency, cell in table.items():
+            serve, baseline = cell[SERVE], cell[BASELINE]
+            ratio = serve.requests_per_s / baseline.requests_per_s
+            target = TARGETS[name].get(concurrency, 0.0)
+            met = ratio >= target and serve.p99_ms <= baseline.p99_ms and serve.non_2xx == 0
+            all_met &= met
+            print(f"{name:<5} {concurrency:>4} {ratio:>21.2f} {target:>7.1f} "
+                  f"{serve.p99_ms:>10.2f} {baseline.p99_ms:>13.2f} {'yes' if met else 'NO':>4}")
+    print(f"\ntargets (req/s ratio at least the target, p99 no worse, no errors): "
+          f"{'all met' if all_met else 'MISSED'}")
+    return all_met
+
+
+# --- the soak run ----------------------------------------------------------------------------
+
+def npy_header_only(shape: str) -> bytes:
+    header = ("{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape).encode()
+    header = header.ljust(117) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def http_request(path: str, body: bytes, content_type: str, accept: str = "application/json",
+                 method: str = "POST") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nHost: soak\r\nContent-Type: {content_type}\r\n"
+            f"Accept: {accept}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def invalid_requests(payload_limit: int) -> list[tuple[str, bytes, int]]:
+    """(kind, raw request, expected status) for the soak's hostile traffic."""
+    row = ",".join(["1"] * 64).encode()
+    return [
+        ("not a number", http_request("/invocations", row[:-1] + b"x", "text/csv"), 400),
+        ("NaN", http_request("/invocations", row[:-1] + b"nan", "text/csv"), 400),
+        ("short row", http_request("/invocations", b"1,2,3", "text/csv"), 400),
+        ("bad JSON", http_request("/invocations", b"[[1, 2", "application/json"), 400),
+        ("negative .npy", http_request("/invocations", npy_header_only("(-1, 64)"),
+                                       "application/x-npy"), 400),
+        ("absurd .npy", http_request("/invocations", npy_header_only("(0, 100000000000000000000)"),
+                                     "application/x-npy"), 400),
+        ("punycode", http_request("/invocations", b"1-" + b"z" * 50000,
+                                  "text/csv; charset=punycode"), 415),
+        ("text/plain", http_request("/invocations", row, "text/plain"), 415),
+        ("Accept html", http_request("/invocations", row, "text/csv", "text/html"), 406),
+        ("no such path", http_request("/predict", row, "text/csv"), 404),
+        ("over the limit", http_request("/invocations", b"1," * (payload_limit // 2 + 1),
+                                        "text/csv"), 413),
+    ]
+
+
+@dataclass
+class Soak:
+    statuses: dict[str, dict[int, int]]
+    wrong: list[str]
+
+    def count(self, kind: str, status: int) -> None:
+        self.statuses.setdefault(kind, {}).setdefault(status, 0)
+        self.statuses[kind][status] += 1
+
+
+async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, bytes, bool]:
+    """Send one request and read its answer: (status, body, whether the server closes)."""
+    if slow:
+        head, body = request.split(b"\r\n\r\n", 1)
+        writer.write(head + b"\r\n\r\n")
+        for byte in body:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+    else:
+        writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    lower = head.lower()
+    length = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
+    return int(head[9:12]), await reader.readexactly(length), b"connection: close" in lower
+
+
+async def _soak_client(port: int, stop_at: float, soak: Soak, valid: list, invalid: list,
+                       seed: int, slow: bool) -> None:
+    rng = np.random.default_rng(seed)
+    reader = writer = None
+    while time.monotonic() < stop_at:
+        if writer is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if slow or rng.random() < 0.7:
+            kind, request, check = valid[rng.integers(len(valid))]
+            status, body, closing = await _exchange(reader, writer, request, slow)
+            soak.count(kind, status)
+            problem = check(status, body)
+            if problem:
+                soak.wrong.append(f"{kind}: {problem}")
+        else:
+            kind, request, expected = invalid[rng.integers(len(invalid))]
+            status, body, closing = await _exchange(reader, writer, request, False)
+            soak.count(kind, status)
+            if status != expected or "error" not in json.loads(body):
+                soak.wrong.append(f"{kind}: status {status}, expected {expected}: {body[:200]}")
+        if closing:
+            writer.close()
+            writer = None
+    if writer is not None:
+        writer.close()
+
+
+def valid_requests(ml_root: Path, rows: np.ndarray) -> list:
+    """(kind, raw request, check) with the answers of the model run in this process."""
     import tensorflow as tf
 
-    model = tf.keras.models.load_model(str(model_dir / SAVEDMODEL_PATH), compile=False)
-    forward = tf.function(lambda batch: model(batch, training=False),
-                          input_signature=[tf.TensorSpec((None, rows.shape[1]), tf.float32)])
-    ways = {PREDICT: lambda batch: model.predict(batch, verbose=0),
-            FORWARD: lambda batch: forward(batch).numpy()}
-    results = []
-    for name, call in ways.items():
-        for concurrency in CONCURRENCIES:
-            batch = rows[:concurrency].astype(np.float32)
-            call(batch)
-            latencies = []
-            stop_at = time.perf_counter() + duration_s
-            while time.perf_counter() < stop_at:
-                start = time.perf_counter()
-                call(batch)
-                latencies.append(time.perf_counter() - start)
-            rate = concurrency * len(latencies) / sum(latencies)
-            results.append(_result(name, concurrency, latencies, rate))
-            print(_row(results[-1]), flush=True)
-    return results
+    model = tf.keras.models.load_model(str(ml_root / "model" / SAVEDMODEL_PATH), compile=False)
+    expected = model(rows.astype(np.float32), training=False).numpy()
+
+    def check_json(indices):
+        def check(status: int, body: bytes) -> str | None:
+            if status != 200:
+                return f"status {status}: {body[:200]}"
+            predictions = json.loads(body)["predictions"]
+            got = np.array([p["probabilities"] for p in predictions])
+            if ([p["class"] for p in predictions] != expected[indices].argmax(axis=1).tolist()
+                    or not np.allclose(got, expected[indices], rtol=1e-4, atol=1e-6)):
+                return f"answer {predictions} differs from the model's"
+            return None
+        return check
+
+    requests = [("CSV row", http_request("/invocations", csv_row(rows[i]), "text/csv"),
+                 check_json([i])) for i in range(len(rows))]
+    for start in range(0, len(rows), 5):
+        indices = list(range(start, min(start + 5, len(rows))))
+        body = json.dumps({"instances": rows[indices].tolist()}).encode()
+        requests.append(("JSON 5 rows", http_request("/invocations", body, "application/json"),
+                         check_json(indices)))
+    return requests
 
 
-# --- the report ------------------------------------------------------------------------------
+def flood(server: Server, rows: np.ndarray, concurrency: int = 64,
+          payload_mb: int = 6) -> tuple[dict[int, int], float]:
+    """`concurrency` posts of a `payload_mb` MB CSV body at once: statuses, seconds taken."""
+    lines = [csv_row(row) for row in rows]
+    body, size = [], 0
+    while size < payload_mb * 1024 * 1024 - 200:
+        line = lines[len(body) % len(lines)]
+        body.append(line)
+        size += len(line) + 1
+    request = http_request("/invocations", b"\n".join(body), "text/csv", "text/csv")
+    statuses: dict[int, int] = {}
 
-HEADER = f"{'server':<22} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        status, _, _ = await _exchange(reader, writer, request, False)
+        statuses[status] = statuses.get(status, 0) + 1
+        writer.close()
 
+    async def main() -> None:
+        await asyncio.gather(*(one() for _ in range(concurrency)))
 
-def _row(result: Result) -> str:
-    return (f"{result.name:<22} {result.concurrency:>4} {result.requests_per_s:>9.0f} "
-            f"{result.p50_ms:>8.2f} {result.p99_ms:>8.2f} {result.errors:>6}")
-
-
-def report(results: list[Result]) -> None:
-    by = {(r.name, r.concurrency): r for r in results}
-    print("\n" + HEADER)
-    for result in sorted(results, key=lambda r: (r.concurrency, r.name)):
-        print(_row(result))
-    print(f"\n{'conc':>4} {'a/b req/s':>10} {'a/c req/s':>10} {'a/c2 req/s':>11} "
-          f"{'p99 a/b':>8}    (c2 = c', the forward pass alone)")
-    for concurrency in CONCURRENCIES:
-        a, b, c, c2 = (by[(name, concurrency)] for name in (SERVE, BASELINE, PREDICT, FORWARD))
-        print(f"{concurrency:>4} {a.requests_per_s / b.requests_per_s:>10.2f} "
-              f"{a.requests_per_s / c.requests_per_s:>10.2f} "
-              f"{a.requests_per_s / c2.requests_per_s:>11.3f} {a.p99_ms / b.p99_ms:>8.2f}")
-    a, b, c = (by[(name, TARGET_CONCURRENCY)] for name in (SERVE, BASELINE, PREDICT))
-    checks = {"a/b >= 3": a.requests_per_s >= 3 * b.requests_per_s,
-              "a/c >= 0.5": a.requests_per_s >= 0.5 * c.requests_per_s,
-              "p99 a <= p99 b": a.p99_ms <= b.p99_ms}
-    print(f"\ntargets at concurrency {TARGET_CONCURRENCY}: " + ", ".join(
-        f"{name} {'met' if met else 'MISSED'}" for name, met in checks.items()))
+    start = time.monotonic()
+    asyncio.run(main())
+    return statuses, time.monotonic() - start
 
 
-def ensure_model(ml_root: Path) -> None:
-    if (ml_root / "model" / "metadata.json").exists():
-        return
-    print(f"no model under {ml_root}/model: training the default job there first", flush=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "default_job.py"), "--ml-root",
-                    str(ml_root), "--epochs", "2"], check=True)
+def soak(args: argparse.Namespace) -> bool:
+    ml_root = ensure_model("mlp")
+    rows = digits()[:64]
+    valid = valid_requests(ml_root, rows)
+    invalid = invalid_requests(6 * 1024 * 1024)
+    soak_run = Soak({}, [])
+    memory: list[tuple[float, float]] = []
+    duration_s = args.soak_minutes * 60
+    with started(SERVE, ml_root) as server:
+        print(f"soak: serve workers {sorted(server.worker_rss_mb())}, resident "
+              f"{sum(server.worker_rss_mb().values()):.0f} MB at start", flush=True)
+        statuses, seconds = flood(server, rows)
+        peak = {pid: re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
+                for pid in server.worker_rss_mb()}
+        print(f"flood: 64 concurrent 6 MB CSV posts answered {statuses} in {seconds:.0f} s; "
+              "peak resident memory per worker "
+              f"{', '.join(f'{int(m.group(1)) / 1024:.0f} MB' for m in peak.values() if m)}",
+              flush=True)
+        started_at = time.monotonic()
+        stop_at = started_at + duration_s
 
+        async def sample() -> None:
+            while time.monotonic() < stop_at:
+                memory.append((time.monotonic() - started_at,
+                               sum(server.worker_rss_mb().values())))
+                await asyncio.sleep(5)
+
+        async def main() -> None:
+            clients = [_soak_client(server.port, stop_at, soak_run, valid, invalid, seed, False)
+                       for seed in range(64)]
+            clients += [_soak_client(server.port, stop_at, soak_run, valid, invalid, seed, True)
+                        for seed in range(64, 68)]
+            await asyncio.gather(sample(), *clients)
+
+        asyncio.run(main())
+        alive = server.process.poll() is None and len(server.worker_rss_mb()) > 0
+    return soak_report(soak_run, memory, duration_s, alive, statuses)
+
+
+def soak_report(soak_run: Soak, memory: list[tuple[float, float]], duration_s: float,
+                alive: bool, flood_statuses: dict[int, int]) -> bool:
+    total = sum(sum(counts.values()) for counts in soak_run.statuses.values())
+    print(f"\nsoak: {total} requests in {duration_s:.0f} s at concurrency 64 plus 4 slow "
+          f"clients ({total / duration_s:.0f} requests/s)")
+    for kind, counts in sorted(soak_run.statuses.items()):
+        print(f"  {kind:<15} {dict(sorted(counts.items()))}")
+    server_errors = sum(n for counts in soak_run.statuses.values()
+                        for status, n in counts.items() if status >= 500)
+    server_errors += sum(n for status, n in flood_statuses.items() if status >= 500
+                         and status != 503)
+    warm = [rss for at, rss in memory if at >= duration_s * 0.25]
+    growth = (max(warm) / warm[0] - 1) if warm else float("nan")
+    print("  resident memory of the workers, MB: " + ", ".join(
+        f"{at:.0f}s {rss:.0f}" for at, rss in memory[::max(1, len(memory) // 12)]))
+    print(f"  after warm-up (the first quarter): from {warm[0]:.0f} to at most {max(warm):.0f} "
+          f"MB ({100 * growth:+.1f} %)" if warm else "  no memory samples")
+    for problem in soak_run.wrong[:10]:
+        print(f"  WRONG {problem}")
+    checks = {"no 5xx": server_errors == 0, "every answer right": not soak_run.wrong,
+              "memory flat within 10 %": warm and growth <= 0.10, "server alive": alive}
+    print("soak: " + ", ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in checks.items()))
+    return all(checks.values())
+
+
+# --- main ------------------------------------------------------------------------------------
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ml-root", type=Path, default=ROOT / "build" / "bench-serve")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median)")
+    parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
+    parser.add_argument("--soak", action="store_true", help="the soak run instead")
+    parser.add_argument("--soak-minutes", type=float, default=3.0)
     parser.add_argument("--baseline-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--ml-root", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
-    model_dir = args.ml_root.resolve() / "model"
     if args.baseline_server:
-        run_baseline_server(args.baseline_server, str(model_dir / SAVEDMODEL_PATH))
-        return
-    ensure_model(args.ml_root.resolve())
-    from sklearn.datasets import load_digits
-
-    rows = load_digits().data[:max(CONCURRENCIES)]
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes "
-          f"skew every number); model {model_dir}; {args.duration:g} s per cell\n{HEADER}")
-    serve_port, baseline_port = free_port(), free_port()
-    serve = [str(Path(sys.executable).parent / "serve"), "--ml-root", str(args.ml_root)]
-    results = measure_server(SERVE, serve,
-                             {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(serve_port)},
-                             serve_port, rows, args)
-    baseline = [sys.executable, __file__, "--ml-root", str(args.ml_root),
-                "--baseline-server", str(baseline_port)]
-    results += measure_server(BASELINE, baseline, dict(os.environ), baseline_port,
-                              rows, args)
-    results += measure_in_process(model_dir, rows, args.duration)
-    report(results)
+        run_baseline_server(args.baseline_server, args.ml_root)
+        return 0
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start (other "
+          "processes skew absolute numbers; the interleaved ratios much less)", flush=True)
+    if args.soak:
+        ok = soak(args)
+    else:
+        wrk_path = ensure_wrk()
+        with tempfile.TemporaryDirectory() as workdir:
+            tables = {name: bench_model(name, wrk_path, args, Path(workdir))
+                      for name in args.models.split(",")}
+        ok = report(tables)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

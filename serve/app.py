@@ -2,12 +2,19 @@
 
 | route                      | answer                                                         |
 | -------------------------- | -------------------------------------------------------------- |
-| GET /ping                  | 200 (empty) once the model is loaded and warmed up, else 503   |
+| GET /ping                  | 200 (empty) once the model is loaded and warmed up, else 503;  |
+|                            | 503 again while a model call has run longer than the timeout   |
 | POST /invocations          | predictions; see serve.codecs for the formats                  |
 | GET /execution-parameters  | what batch transform may send: concurrency, strategy, size     |
 | GET /metrics               | this worker's micro-batching counters (see serve.batching)     |
 
-An invocation flows decode -> validate -> predict -> encode. Every failure is an exception,
+An invocation flows decode -> validate -> predict -> encode, against one deadline: the
+request timeout, counted from its arrival. The body is decoded only once the worker's decode
+budget has room for it (serve.limits), and waits for the model in a bounded queue
+(serve.batching); a request that cannot be answered by its deadline gets 503 then and is
+never computed later. A request whose body is over the limit is answered 413 after its body is
+read and dropped, so that the client, still sending, is not cut off before it can read the
+answer. Every failure is an exception,
 and `_error_response` is the one place that turns exceptions into HTTP answers, all of them
 `{"error": "..."}`: a `RequestError` carries its own status and message, werkzeug's routing
 and size errors become 404, 405 and 413, and anything else is a fault of the server: a 500
@@ -28,38 +35,59 @@ import time
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
-from serve.batching import MicroBatcher
+from serve.batching import MicroBatcher, Overloaded
 from serve.codecs import decode, encode, negotiate
 from serve.config import ServeConfig
 from serve.errors import ModelUnavailable, RequestError
+from serve.limits import DecodeBudget
 from serve.model import Model
 from serve.validation import validate
 
 log = logging.getLogger(__name__)
 
 ROUTES = "GET /ping, POST /invocations, GET /execution-parameters, GET /metrics"
+# An over-limit body is read and dropped up to this size, so its client can read the 413; a
+# larger one is cut off (the client may then see the connection reset instead).
+DRAIN_LIMIT_BYTES = 256 * 1024 * 1024
+RETRY_AFTER_S = 1
+READ_CHUNK_BYTES = 1024 * 1024
 
 
-def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher) -> Flask:
-    """The app serving `model` through `batcher`; neither is loaded or started here."""
+def _check_not_stalled(batcher: MicroBatcher, config: ServeConfig) -> None:
+    stalled_s = batcher.stalled_s()
+    if stalled_s > config.timeout_s:
+        raise ModelUnavailable(
+            f"a model call has not returned for {stalled_s:.0f} s, longer than the "
+            f"{config.timeout_s} s request timeout (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+
+
+def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
+               budget: DecodeBudget) -> Flask:
+    """The app serving `model` through `batcher`, decoding within `budget`; the model is not
+    loaded here."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_payload_bytes
 
     @app.get("/ping")
     def ping() -> Response:
         model.check_ready()
+        _check_not_stalled(batcher, config)
         return Response(status=200)
 
     @app.post("/invocations")
     def invocations() -> Response:
+        deadline = g.arrived + config.timeout_s
         model.check_ready()
-        with batcher.arriving():
-            media_type = negotiate(request.headers.get("Accept"))
-            decoded = decode(request.get_data(cache=False), request.mimetype,
-                             request.mimetype_params.get("charset"))
+        _check_not_stalled(batcher, config)
+        media_type = negotiate(request.headers.get("Accept"))
+        body = _read_body(config.max_payload_bytes)
+        with budget.hold(len(body), deadline):
+            decoded = decode(body, request.mimetype, request.mimetype_params.get("charset"))
             batch = validate(decoded.inputs, model.interface)
-        outputs = batcher.submit(batch, timeout_s=config.timeout_s)
-        return Response(encode(outputs, model.interface, media_type, columnar=decoded.columnar),
+        columnar = decoded.columnar
+        del body, decoded  # not held while the request waits for the model
+        outputs = batcher.submit(batch, deadline)
+        return Response(encode(outputs, model.interface, media_type, columnar=columnar),
                         mimetype=media_type)
 
     @app.get("/execution-parameters")
@@ -69,7 +97,10 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher) -> Flas
 
     @app.get("/metrics")
     def metrics() -> dict:
-        return {"pid": os.getpid(), **dataclasses.asdict(batcher.stats)}
+        return {"pid": os.getpid(), "model_ready": model.ready,
+                "model_call_running_s": round(batcher.stalled_s(), 3),
+                "requests_waiting": batcher.waiting(), "decoding_peak_bytes": budget.peak_bytes,
+                **dataclasses.asdict(batcher.stats)}
 
     @app.errorhandler(Exception)
     def error(exception: Exception) -> Response:
@@ -77,7 +108,7 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher) -> Flas
 
     @app.before_request
     def start_clock() -> None:
-        g.started = time.perf_counter()
+        g.started, g.arrived = time.perf_counter(), time.monotonic()
 
     @app.after_request
     def log_request(response: Response) -> Response:
@@ -96,14 +127,21 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
     headers = {}
     if isinstance(exception, RequestError):
         status, message = exception.status, str(exception)
-    elif isinstance(exception, TimeoutError):  # raised by MicroBatcher.submit
+    elif isinstance(exception, TimeoutError):  # the batcher's or the decode budget's deadline
         status, message = ModelUnavailable.status, (
             f"no prediction within {config.timeout_s} s (SAGEMAKER_MODEL_SERVER_TIMEOUT): "
             "the server is overloaded")
+    elif isinstance(exception, Overloaded):
+        status, message = ModelUnavailable.status, (
+            f"the server is overloaded ({exception}, SERVE_MAX_QUEUE={config.max_queue}); "
+            f"retry in {RETRY_AFTER_S} s")
+        headers["Retry-After"] = str(RETRY_AFTER_S)
     elif isinstance(exception, RequestEntityTooLarge):
         status, message = exception.code, (
             f"the request body is larger than {config.max_payload_mb} MB, the limit set by "
             "SAGEMAKER_MAX_PAYLOAD_IN_MB; split it into smaller requests")
+        _drain_body()
+        headers["Connection"] = "close"
     elif isinstance(exception, NotFound):
         status, message = exception.code, f"no such path {request.path!r}; use {ROUTES}"
     elif isinstance(exception, MethodNotAllowed):
@@ -119,3 +157,30 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
         status, message = 500, "the server failed to answer; the cause is in its log"
     return Response(json.dumps({"error": message}), status=status,
                     mimetype="application/json", headers=headers)
+
+
+def _read_body(limit: int | None) -> bytes:
+    """The request body; RequestEntityTooLarge as soon as it passes `limit` bytes.
+
+    A declared Content-Length over the limit fails before anything is read (werkzeug checks
+    MAX_CONTENT_LENGTH); a chunked body, which declares no length, is read until it passes it.
+    """
+    stream = request.stream
+    chunks, size = [], 0
+    while chunk := stream.read(READ_CHUNK_BYTES):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise RequestEntityTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _drain_body() -> None:
+    """Read and drop what is left of the request body, up to DRAIN_LIMIT_BYTES."""
+    stream = request.environ["wsgi.input"]
+    remaining = DRAIN_LIMIT_BYTES
+    while remaining > 0:
+        chunk = stream.read(min(remaining, READ_CHUNK_BYTES))
+        if not chunk:
+            return
+        remaining -= len(chunk)

@@ -2,139 +2,195 @@
 
 A model call has a fixed cost (dispatch into TensorFlow, thread-pool wake-ups) that dwarfs the
 per-row cost of a small model, so answering 32 concurrent one-row requests with one call of 32
-rows is many times cheaper than 32 calls. Request threads `submit` their validated batch and
-block; one batching thread takes the first waiting request, then gathers more until the call
-holds `max_batch_size` instances or `max_wait_s` has passed since it took the first, runs the
-model once and hands every request its own slice of the outputs. This is the scheme of TF
-Serving's batcher (max_batch_size, batch_timeout_micros) and Triton's dynamic batcher.
+rows is many times cheaper than 32 calls.
 
-While a call runs, new requests queue up, so under load batches fill without any waiting.
-Waiting only pays when another request is about to arrive, so the batcher waits only while
-some request is `arriving` (reading and checking its body, about to `submit`): a lone request
-is run at once instead of idling `max_wait_s` for company that is not coming. A request
-larger than `max_batch_size` is run alone, in chunks of `max_batch_size`, so the model never
-sees more rows at once than configured. If a shared call fails, each request in it is retried
-alone, so one request that breaks the model cannot fail the others.
+There is no batching thread. The request thread that finds the model idle runs it at once, on
+its own rows: a lone request pays no hand-off to another thread and no wait for company. While
+that call runs, later requests queue; when it returns, its thread hands the model to the
+oldest waiting request, whose thread runs one call for it and every request queued behind it
+(up to `max_batch_size` instances), then hands on again. So batching engages by itself as
+concurrency rises, batches are as large as what arrived during one call, and nothing ever
+waits on a timer. A request larger than `max_batch_size` runs alone, in chunks of
+`max_batch_size`. If a shared call fails, each request in it is retried alone, so one request
+that breaks the model cannot fail the others.
+
+Waiting is bounded in time and in number: a request gives up at its deadline (TimeoutError)
+and leaves the queue, so it is never computed after its client was told it failed; a request
+that finds `max_queue` requests waiting is refused at once (Overloaded). A call that never
+returns keeps the model busy forever: `stalled_s` says for how long, for /ping to report it.
 """
 
 from __future__ import annotations
 
-import queue
+import enum
 import threading
 import time
-from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 Predict = Callable[[np.ndarray], np.ndarray]
 
 
+class Overloaded(Exception):
+    """More requests are waiting for the model than the queue holds."""
+
+
 @dataclass
 class BatchStats:
-    """Counters of this worker's batching, served on GET /metrics; written by one thread."""
+    """Counters of this worker's batching, served on GET /metrics; written under one lock."""
 
     batches: int = 0
     requests: int = 0
     instances: int = 0
     largest_batch_instances: int = 0
     largest_batch_requests: int = 0
+    timed_out: int = 0  # gave up at their deadline, never computed after it
+    refused: int = 0  # found the queue full
+
+
+class _State(enum.Enum):
+    QUEUED = "queued"  # waiting for the model
+    LEADING = "leading"  # its thread runs the next call
+    TAKEN = "taken"  # part of a call in progress
+    DONE = "done"  # outputs or error set
+    EXPIRED = "expired"  # dropped from the queue at its deadline
 
 
 @dataclass
 class _Request:
     batch: np.ndarray
-    answer: Future
+    deadline: float  # time.monotonic()
+    state: _State = _State.QUEUED
+    outputs: np.ndarray | None = None
+    error: Exception | None = None
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 class MicroBatcher:
     """Coalesces concurrent `submit` calls into model calls of at most `max_batch_size` rows."""
 
-    def __init__(self, predict: Predict, max_batch_size: int, max_wait_s: float):
+    def __init__(self, predict: Predict, max_batch_size: int, max_queue: int):
         self._predict = predict
         self._max_batch_size = max_batch_size
-        self._max_wait_s = max_wait_s
-        self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-        self._held: _Request | None = None  # taken from the queue but did not fit the last call
-        self._arriving = 0
-        self._arriving_lock = threading.Lock()
+        self._max_queue = max_queue
+        self._lock = threading.Lock()
+        self._queue: deque[_Request] = deque()
+        self._busy_since: float | None = None  # monotonic start of the call in progress
         self.stats = BatchStats()
-        # A daemon: the worker process ends when gunicorn has answered its last request.
-        self._thread = threading.Thread(target=self._run, name="micro-batcher", daemon=True)
 
-    def start(self) -> MicroBatcher:
-        self._thread.start()
-        return self
+    def stalled_s(self) -> float:
+        """How long the call in progress has been running; 0 when the model is idle."""
+        busy_since = self._busy_since
+        return 0.0 if busy_since is None else time.monotonic() - busy_since
 
-    @contextmanager
-    def arriving(self) -> Iterator[None]:
-        """Count a request as on its way to `submit` while it decodes (see the module doc).
+    def waiting(self) -> int:
+        """Requests queued for the model now."""
+        return len(self._queue)
 
-        Leave the block before calling `submit`: a request counted while already queued
-        would make every call wait out `max_wait_s` for it.
-        """
-        with self._arriving_lock:
-            self._arriving += 1
+    def submit(self, batch: np.ndarray, deadline: float) -> np.ndarray:
+        """The model's outputs for `batch`, computed alone or with others; raise TimeoutError
+        at `deadline` (time.monotonic()) and Overloaded when the queue is full."""
+        request = _Request(batch, deadline)
+        with self._lock:
+            if self._busy_since is None:
+                self._busy_since = time.monotonic()
+                request.state = _State.LEADING
+            elif len(self._queue) >= self._max_queue:
+                self.stats.refused += 1
+                raise Overloaded(f"{len(self._queue)} requests are already waiting")
+            else:
+                self._queue.append(request)
+        if request.state is not _State.LEADING:
+            self._wait(request)
+        if request.state is _State.LEADING:
+            self._lead(request)
+        if request.error is not None:
+            raise request.error
+        return request.outputs
+
+    def _wait(self, request: _Request) -> None:
+        """Until the request is answered or must lead; TimeoutError at its deadline."""
+        if request.wake.wait(max(0.0, request.deadline - time.monotonic())):
+            return
+        with self._lock:
+            if request.state is _State.QUEUED:
+                self._queue.remove(request)
+            elif request.state is _State.LEADING:  # handed the model just now: hand it on
+                self._hand_on()
+            elif request.state is _State.DONE:
+                return
+            request.state = _State.EXPIRED
+            self.stats.timed_out += 1
+        raise TimeoutError("no prediction before the deadline")
+
+    def _lead(self, first: _Request) -> None:
+        """Run one call for `first` and the requests queued behind it, then hand on."""
         try:
-            yield
+            with self._lock:
+                call, size = [first], len(first.batch)
+                now = time.monotonic()
+                while self._queue and size + len(self._queue[0].batch) <= self._max_batch_size:
+                    request = self._queue.popleft()
+                    if request.deadline <= now:
+                        self._expire(request)
+                        continue
+                    request.state = _State.TAKEN
+                    call.append(request)
+                    size += len(request.batch)
+                first.state = _State.TAKEN
+            self._answer(call)
         finally:
-            with self._arriving_lock:
-                self._arriving -= 1
+            with self._lock:
+                self._hand_on()
 
-    def submit(self, batch: np.ndarray, timeout_s: float) -> np.ndarray:
-        """Predict `batch` as part of a shared call; raise TimeoutError after `timeout_s`."""
-        answer: Future = Future()
-        self._queue.put(_Request(batch, answer))
-        return answer.result(timeout_s)
+    def _expire(self, request: _Request) -> None:
+        request.state = _State.EXPIRED
+        request.error = TimeoutError("no prediction before the deadline")
+        self.stats.timed_out += 1
+        request.wake.set()
 
-    def _run(self) -> None:
-        while True:
-            self._answer(self._gather())
-
-    def _next(self, timeout_s: float | None) -> _Request:
-        """The held-over request, else the next queued one; raise queue.Empty on timeout."""
-        if self._held is not None:
-            request, self._held = self._held, None
-            return request
-        return self._queue.get(timeout=timeout_s)
-
-    def _gather(self) -> list[_Request]:
-        """Block for one request, then add more until the call is full, nothing more is on
-        its way, or the wait is over."""
-        first = self._next(timeout_s=None)
-        call, size = [first], len(first.batch)
-        deadline = time.monotonic() + self._max_wait_s
-        while size < self._max_batch_size and (self._arriving or not self._queue.empty()):
-            try:
-                request = self._next(timeout_s=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if size + len(request.batch) > self._max_batch_size:
-                self._held = request
-                break
-            call.append(request)
-            size += len(request.batch)
-        return call
+    def _hand_on(self) -> None:
+        """Give the model to the oldest waiting request in time, else mark it idle (locked)."""
+        now = time.monotonic()
+        while self._queue:
+            request = self._queue.popleft()
+            if request.deadline <= now:
+                self._expire(request)
+                continue
+            request.state = _State.LEADING
+            self._busy_since = now
+            request.wake.set()
+            return
+        self._busy_since = None
 
     def _answer(self, call: list[_Request]) -> None:
         try:
             batch = call[0].batch if len(call) == 1 else np.concatenate([r.batch for r in call])
             outputs = self._predict_chunked(batch)
-        except Exception as error:  # the request thread reports it; this thread must live on
+        except Exception as error:  # reported by each request's own thread
             if len(call) > 1:
                 for request in call:  # isolate the request that breaks the model
                     self._answer([request])
             else:
-                call[0].answer.set_exception(error)
+                self._settle(call[0], error=error)
             return
         self._count(call, len(batch))
         start = 0
         for request in call:
             end = start + len(request.batch)
-            request.answer.set_result(outputs[start:end])
+            self._settle(request, outputs=outputs[start:end])
             start = end
+
+    def _settle(self, request: _Request, outputs: np.ndarray | None = None,
+                error: Exception | None = None) -> None:
+        with self._lock:
+            if request.state is _State.EXPIRED:  # its thread has answered 503 already
+                return
+            request.outputs, request.error, request.state = outputs, error, _State.DONE
+        request.wake.set()
 
     def _predict_chunked(self, batch: np.ndarray) -> np.ndarray:
         if len(batch) <= self._max_batch_size:
@@ -143,9 +199,10 @@ class MicroBatcher:
                                for start in range(0, len(batch), self._max_batch_size)])
 
     def _count(self, call: list[_Request], instances: int) -> None:
-        stats = self.stats
-        stats.batches += 1
-        stats.requests += len(call)
-        stats.instances += instances
-        stats.largest_batch_instances = max(stats.largest_batch_instances, instances)
-        stats.largest_batch_requests = max(stats.largest_batch_requests, len(call))
+        with self._lock:
+            stats = self.stats
+            stats.batches += 1
+            stats.requests += len(call)
+            stats.instances += instances
+            stats.largest_batch_instances = max(stats.largest_batch_instances, instances)
+            stats.largest_batch_requests = max(stats.largest_batch_requests, len(call))

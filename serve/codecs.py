@@ -26,6 +26,7 @@ joins the answers of a MultiRecord request's records with its own separator.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import functools
 import io
@@ -99,13 +100,27 @@ def negotiate(accept: str | None) -> str:
     return best
 
 
+# Text charsets a body may declare, by Python's canonical codec name. Others are refused before
+# any byte is decoded: some codecs (punycode, the compression and escape codecs) cost minutes
+# of CPU on a crafted body, and no client of a model server needs them.
+CHARSETS = {"utf-8": "utf-8", "ascii": "ascii", "iso8859-1": "latin-1", "utf-16": "utf-16",
+            "utf-16-le": "utf-16", "utf-16-be": "utf-16"}
+# Largest dimension an .npy header may declare; numpy itself refuses beyond this.
+NPY_MAX_DIMENSION = 2**31 - 1
+
+
 def _text(body: bytes, charset: str | None) -> str:
     encoding = charset or "utf-8"
     try:
-        return body.decode(encoding)
+        known = codecs.lookup(encoding).name in CHARSETS
     except LookupError:
-        raise UnsupportedContentType(f"charset {encoding!r} is not supported; "
-                                     "send utf-8 text") from None
+        known = False
+    if not known:
+        raise UnsupportedContentType(
+            f"charset {encoding!r} is not supported; use one of "
+            f"{', '.join(sorted(set(CHARSETS.values())))}")
+    try:
+        return body.decode(encoding)
     except UnicodeDecodeError as error:
         raise BadInput(f"the body is not valid {encoding} text: {error.reason} at byte "
                        f"{error.start}") from None
@@ -246,6 +261,9 @@ def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
         shape, fortran_order, dtype = read_header(stream)
     except ValueError as error:
         raise BadInput(f"the body is not a valid .npy array: {error}") from None
+    if not all(0 <= dimension <= NPY_MAX_DIMENSION for dimension in shape):
+        raise BadInput(f"the .npy header declares shape {list(shape)}: every dimension must be "
+                       f"between 0 and {NPY_MAX_DIMENSION}")
     if dtype.kind not in "iuf":
         refused = " (object arrays are pickles and are never loaded)" if dtype.hasobject else ""
         raise BadInput(f".npy arrays must hold numbers, got dtype {dtype}{refused}")

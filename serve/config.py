@@ -9,30 +9,30 @@ allowed range, instead of surfacing later as odd behaviour.
 | variable                          | default | meaning                                        |
 | --------------------------------- | ------- | ---------------------------------------------- |
 | SAGEMAKER_BIND_TO_PORT            | 8080    | TCP port to listen on (all interfaces)         |
-| SAGEMAKER_MODEL_SERVER_WORKERS    | 1       | gunicorn worker processes (one model each)     |
+| SAGEMAKER_MODEL_SERVER_WORKERS    | auto    | worker processes (one model each): one per GPU, |
+|                                   |         | else one per CPU core                          |
 | SAGEMAKER_MODEL_SERVER_TIMEOUT    | 60      | seconds a request may wait for its prediction  |
 | SAGEMAKER_MAX_PAYLOAD_IN_MB       | 6       | largest request body; 0 = no limit             |
 | SAGEMAKER_MAX_CONCURRENT_TRANSFORMS | 8 per worker | advertised to batch transform  |
 | SERVE_THREADS                     | 64      | request threads per worker                     |
 | SERVE_MAX_BATCH_SIZE              | 128     | most instances in one model call               |
-| SERVE_MAX_BATCH_WAIT_MS           | 1.0     | how long a model call waits for more requests  |
+| SERVE_MAX_QUEUE                   | 48      | requests waiting for the model, per worker     |
+| SERVE_DECODE_MB                   | 2 x payload limit | bodies decoded at once, per worker |
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Mapping
 
 from container.paths import DEFAULT_ML_ROOT
-
-T = TypeVar("T", int, float)
+from serve.host import cpu_count, default_workers, gpu_count
 
 # Batch transform's default concurrency per worker. Enough requests in flight to keep the model
 # busy while others are decoded, and no more: a worker decodes with one interpreter lock, so
-# more would not be faster, and each 6 MB CSV request needs about 100 MB while it is parsed.
+# more would not be faster (serve.limits bounds the memory they take while decoded).
 TRANSFORMS_PER_WORKER = 8
 
 
@@ -52,7 +52,8 @@ class ServeConfig:
     max_payload_mb: int = 6
     max_concurrent_transforms: int = 0  # 0: TRANSFORMS_PER_WORKER per worker
     max_batch_size: int = 128
-    max_batch_wait_ms: float = 1.0
+    max_queue: int = 48
+    decode_mb: int = 0  # 0: twice the payload limit (12 MB when there is no limit)
 
     def __post_init__(self) -> None:
         _check("SAGEMAKER_BIND_TO_PORT", self.port, 1, 65535)
@@ -62,7 +63,8 @@ class ServeConfig:
         _check("SAGEMAKER_MAX_PAYLOAD_IN_MB", self.max_payload_mb, 0, 100)
         _check("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", self.max_concurrent_transforms, 0, 65536)
         _check("SERVE_MAX_BATCH_SIZE", self.max_batch_size, 1, 1_000_000)
-        _check("SERVE_MAX_BATCH_WAIT_MS", self.max_batch_wait_ms, 0.0, 1000.0)
+        _check("SERVE_MAX_QUEUE", self.max_queue, 1, 65536)
+        _check("SERVE_DECODE_MB", self.decode_mb, 0, 100_000)
 
     @property
     def model_dir(self) -> Path:
@@ -75,29 +77,30 @@ class ServeConfig:
         return self.max_payload_mb * 1024 * 1024 or None
 
     @property
+    def decode_budget_bytes(self) -> int:
+        """Bytes of request bodies one worker decodes at once (see serve.limits)."""
+        return (self.decode_mb * 1024 * 1024 or 2 * (self.max_payload_bytes or 6 * 1024 * 1024))
+
+    @property
     def concurrent_transforms(self) -> int:
         """What batch transform is told it may send at once (see TRANSFORMS_PER_WORKER)."""
         return self.max_concurrent_transforms or self.workers * min(self.threads,
                                                                     TRANSFORMS_PER_WORKER)
 
 
-def _check(name: str, value: float, minimum: float, maximum: float) -> None:
+def _check(name: str, value: int, minimum: int, maximum: int) -> None:
     if not minimum <= value <= maximum:
         raise ServeConfigError(f"{name}={value} is out of range: expected {minimum} to {maximum}")
 
 
-def _read(env: Mapping[str, str], name: str, kind: Callable[[str], T], default: T) -> T:
+def _read(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
-        value = kind(raw)
+        return int(raw)
     except ValueError:
-        noun = "an integer" if kind is int else "a number"
-        raise ServeConfigError(f"{name}={raw!r} is not {noun}") from None
-    if not math.isfinite(value):
-        raise ServeConfigError(f"{name}={raw!r} is not a finite number")
-    return value
+        raise ServeConfigError(f"{name}={raw!r} is not an integer") from None
 
 
 def config_from_env(ml_root: Path, env: Mapping[str, str] | None = None) -> ServeConfig:
@@ -106,14 +109,15 @@ def config_from_env(ml_root: Path, env: Mapping[str, str] | None = None) -> Serv
     defaults = ServeConfig()
     return ServeConfig(
         ml_root=ml_root,
-        port=_read(env, "SAGEMAKER_BIND_TO_PORT", int, defaults.port),
-        workers=_read(env, "SAGEMAKER_MODEL_SERVER_WORKERS", int, defaults.workers),
-        threads=_read(env, "SERVE_THREADS", int, defaults.threads),
-        timeout_s=_read(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", int, defaults.timeout_s),
-        max_payload_mb=_read(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", int, defaults.max_payload_mb),
-        max_concurrent_transforms=_read(env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", int,
+        port=_read(env, "SAGEMAKER_BIND_TO_PORT", defaults.port),
+        workers=_read(env, "SAGEMAKER_MODEL_SERVER_WORKERS",
+                      default_workers(cpu_count(), gpu_count())),
+        threads=_read(env, "SERVE_THREADS", defaults.threads),
+        timeout_s=_read(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", defaults.timeout_s),
+        max_payload_mb=_read(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", defaults.max_payload_mb),
+        max_concurrent_transforms=_read(env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS",
                                         defaults.max_concurrent_transforms),
-        max_batch_size=_read(env, "SERVE_MAX_BATCH_SIZE", int, defaults.max_batch_size),
-        max_batch_wait_ms=_read(env, "SERVE_MAX_BATCH_WAIT_MS", float,
-                                defaults.max_batch_wait_ms),
+        max_batch_size=_read(env, "SERVE_MAX_BATCH_SIZE", defaults.max_batch_size),
+        max_queue=_read(env, "SERVE_MAX_QUEUE", defaults.max_queue),
+        decode_mb=_read(env, "SERVE_DECODE_MB", defaults.decode_mb),
     )

@@ -6,20 +6,23 @@
   thread and serves at once: /ping answers 503 within milliseconds until the model is
   loaded and warmed up. A model that cannot load leaves the worker up, answering 503 with
   the reason, instead of exiting and being restarted forever.
-- Workers are `gthread`: one process holds the model once and many request threads wait on
-  the micro-batcher, which is what lets concurrent requests share model calls. One worker is
-  the default; more multiply the model in memory and split the batches.
+- Workers are `gthread`: one process holds the model once and many request threads share it
+  through the micro-batcher, which is what lets concurrent requests share model calls. By
+  default there is one worker per core on CPU hosts and one per GPU on GPU hosts (serve.host);
+  on a GPU host each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set after fork).
 - SIGTERM stops accepting, lets in-flight requests finish and exits within
   GRACEFUL_TIMEOUT_S, inside the 30 s SageMaker allows before SIGKILL.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
 from serve.config import ServeConfig
+from serve.host import free_gpu, gpu_count
 from serve.logs import logging_config
 
 GRACEFUL_TIMEOUT_S = 20
@@ -28,9 +31,20 @@ GRACEFUL_TIMEOUT_S = 20
 KEEPALIVE_S = 75
 
 
+def _pick_gpu(server: Any, worker: Any) -> None:
+    """In the master, before fork: the GPU no live worker holds."""
+    worker.gpu = free_gpu([getattr(w, "gpu", -1) for w in server.WORKERS.values()], gpu_count())
+
+
+def _pin_gpu(server: Any, worker: Any) -> None:
+    """In the worker, after fork and before TensorFlow is imported."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(worker.gpu)
+
+
 def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
     """gunicorn's settings for `config`."""
-    return {
+    gpu_hooks = {"pre_fork": _pick_gpu, "post_fork": _pin_gpu} if gpu_count() else {}
+    return {**gpu_hooks,
         "bind": [f"0.0.0.0:{config.port}"],
         "workers": config.workers,
         "worker_class": "gthread",

@@ -1,24 +1,30 @@
 """What one gunicorn worker serves: its own model, loading in the background, behind the app.
 
 Built after fork, in the worker process, so the model (and TensorFlow) exists once per worker
-and never in the gunicorn master.
+and never in the gunicorn master. TensorFlow's thread pools are sized to the worker's share
+of the cores (serve.host) before TensorFlow is imported; variables already set win.
 """
 
 from __future__ import annotations
+
+import os
 
 from flask import Flask
 
 from serve.app import create_app
 from serve.batching import MicroBatcher
 from serve.config import ServeConfig
+from serve.host import cpu_count, tensorflow_threads
+from serve.limits import DecodeBudget
 from serve.model import Model
 
 
 def build_worker_app(config: ServeConfig) -> Flask:
     """The app of this worker; /ping answers 503 until the model has loaded and warmed up."""
+    for name, value in tensorflow_threads(cpu_count(), config.workers).items():
+        os.environ.setdefault(name, value)
     model = Model(config.model_dir)
-    batcher = MicroBatcher(model.predict, config.max_batch_size,
-                           config.max_batch_wait_ms / 1000).start()
-    app = create_app(config, model, batcher)
+    batcher = MicroBatcher(model.predict, config.max_batch_size, config.max_queue)
+    app = create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes))
     model.load_in_background()
     return app

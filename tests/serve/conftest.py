@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from serve_testing import write_model
+from serve_testing import app_for, write_model
 
-from serve.app import create_app
-from serve.batching import MicroBatcher
 from serve.config import ServeConfig
 from serve.model import Model
 
@@ -34,8 +32,7 @@ def loaded_model(config) -> Model:
 
 @pytest.fixture(scope="session")
 def app(config, loaded_model):
-    batcher = MicroBatcher(loaded_model.predict, config.max_batch_size, 0.001).start()
-    return create_app(config, loaded_model, batcher)
+    return app_for(config, loaded_model)
 
 
 @pytest.fixture

@@ -7,9 +7,21 @@ probabilities with numpy (`expected_probabilities`) instead of trusting the serv
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import requests
+
+from serve.app import create_app
+from serve.batching import MicroBatcher
+from serve.config import ServeConfig
+from serve.limits import DecodeBudget
 
 INPUT_SHAPE = (2, 2)
 CLASSES = ["cat", "dog", "bird"]
@@ -38,3 +50,58 @@ def write_model(model_dir: Path, metadata: dict = METADATA) -> Path:
     model.save(str(model_dir / "model"), save_format="tf", include_optimizer=False)
     (model_dir / "metadata.json").write_text(json.dumps(metadata))
     return model_dir
+
+
+def app_for(config: ServeConfig, model, predict=None):
+    """The app a worker builds for `model` (its forward pass replaced by `predict` if given)."""
+    batcher = MicroBatcher(predict or model.predict, config.max_batch_size, config.max_queue)
+    return create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes))
+
+
+SERVE = Path(sys.executable).parent / "serve"
+DEADLINE_S = 300  # generous: loading TensorFlow on a busy 2-core machine takes a while
+
+
+def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):
+    """Poll `condition` until it returns something other than None or False; return that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        time.sleep(0.05)
+
+
+class Server:
+    """A `serve` process on a free port, its log in a file."""
+
+    def __init__(self, ml_root: Path, log: Path, **env: str):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with log.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [str(SERVE), "--ml-root", str(ml_root)], stdout=subprocess.DEVNULL,
+                stderr=stderr, start_new_session=True,
+                env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env})
+
+    def answer(self, method: str, path: str, **kwargs) -> requests.Response | None:
+        """The server's answer, or None while it does not accept connections yet."""
+        assert self.process.poll() is None, f"serve exited: {self.log.read_text()[-3000:]}"
+        try:
+            return requests.request(method, self.url + path, timeout=30, **kwargs)
+        except requests.ConnectionError:
+            return None
+
+    def healthy(self) -> None:
+        wait_for(lambda: getattr(self.answer("GET", "/ping"), "status_code", 0) == 200,
+                 f"/ping answering 200 (log: {self.log})")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        return self.process.wait(timeout=60)

@@ -11,10 +11,8 @@ import threading
 
 import numpy as np
 import pytest
-from serve_testing import CLASSES, INSTANCES, expected_probabilities
+from serve_testing import CLASSES, INSTANCES, app_for, expected_probabilities
 
-from serve.app import create_app
-from serve.batching import MicroBatcher
 from serve.config import ServeConfig
 from serve.model import Model
 
@@ -44,6 +42,14 @@ BODIES = {  # name: (content type, body, the instances it holds)
                          INSTANCES),
     "csv-latin-1": ("text/csv;charset=latin-1", csv_text(INSTANCES).encode("latin-1"),
                     INSTANCES),
+    "csv-iso-8859-1": ("text/csv; charset=ISO-8859-1", csv_text(INSTANCES).encode("latin-1"),
+                       INSTANCES),
+    "csv-us-ascii": ("text/csv; charset=us-ascii", csv_text(INSTANCES).encode("ascii"),
+                     INSTANCES),
+    "json-utf-16": ("application/json; charset=utf-16", json.dumps(INSTANCES).encode("utf-16"),
+                    INSTANCES),
+    "csv-utf-16le": ("text/csv; charset=UTF-16LE", csv_text(INSTANCES).encode("utf-16-le"),
+                     INSTANCES),
     "jsonlines": ("application/jsonlines", "".join(json.dumps(i) + "\n" for i in INSTANCES),
                   INSTANCES),
     "npy-float32": ("application/x-npy", npy(np.array(INSTANCES, np.float32)), INSTANCES),
@@ -136,7 +142,7 @@ def npy_header(shape: tuple, data: bytes) -> bytes:
     return buffer.getvalue() + data
 
 
-TERABYTE_HEADER = npy_header((10**12, 4), bytes(32))
+TERABYTE_HEADER = npy_header((10**6, 10**6, 4), bytes(32))
 
 ERRORS = [
     # (content type, body, status, exact error message)
@@ -188,7 +194,11 @@ ERRORS = [
     ("text/csv", b"\xff1,2,3,4", 400, "the body is not valid utf-8 text: invalid start byte at "
                                       "byte 0"),
     ("text/csv; charset=klingon", "1,2,3,4", 415,
-     "charset 'klingon' is not supported; send utf-8 text"),
+     "charset 'klingon' is not supported; use one of ascii, latin-1, utf-16, utf-8"),
+    ("text/csv; charset=punycode", "1,2,3,4-" + "z" * 100000, 415,
+     "charset 'punycode' is not supported; use one of ascii, latin-1, utf-16, utf-8"),
+    ("application/json; charset=zlib", "[[1, 2, 3, 4]]", 415,
+     "charset 'zlib' is not supported; use one of ascii, latin-1, utf-16, utf-8"),
     ("application/jsonlines", "[1, 2, 3, 4]\n[1, 2,\n", 400,
      "instance 1 (line 2) is not valid JSON: Expecting value: line 1 column 7 (char 6)"),
     ("application/x-npy", PICKLED_OBJECTS, 400,
@@ -202,8 +212,17 @@ ERRORS = [
      "the .npy header declares shape [2, 4] of float32 (32 bytes), but 28 bytes of data "
      "follow it"),
     ("application/x-npy", TERABYTE_HEADER, 400,
-     "the .npy header declares shape [1000000000000, 4] of float32 (16000000000000 bytes), "
+     "the .npy header declares shape [1000000, 1000000, 4] of float32 (16000000000000 bytes), "
      "but 32 bytes of data follow it"),
+    ("application/x-npy", npy_header((-1, 4), b""), 400,
+     "the .npy header declares shape [-1, 4]: every dimension must be between 0 and "
+     "2147483647"),
+    ("application/x-npy", npy_header((-2, -2), bytes(16)), 400,
+     "the .npy header declares shape [-2, -2]: every dimension must be between 0 and "
+     "2147483647"),
+    ("application/x-npy", npy_header((0, 10**20), b""), 400,
+     "the .npy header declares shape [0, 100000000000000000000]: every dimension must be "
+     "between 0 and 2147483647"),
     ("application/x-npy", npy(np.zeros((2, 3), np.float32)), 400,
      "each instance has shape [3], but the model expects [2, 2] (or a flat row of 4 values)"),
     ("application/x-npy", npy(np.float32(1.0)), 400,
@@ -304,8 +323,7 @@ def test_requests_are_logged_without_payloads(client, caplog):
 
 def unready_app(model: Model, timeout_s: int = 30, predict=None):
     config = ServeConfig(ml_root=model.model_dir.parent, timeout_s=timeout_s)
-    batcher = MicroBatcher(predict or model.predict, 8, 0.001).start()
-    return create_app(config, model, batcher).test_client()
+    return app_for(config, model, predict).test_client()
 
 
 def test_ping_is_503_while_the_model_loads(config):
@@ -341,18 +359,28 @@ def test_a_model_fault_is_a_logged_500(loaded_model, caplog):
     assert "POST /invocations" in caplog.text
 
 
-def test_a_prediction_past_the_timeout_is_503(loaded_model):
-    release = threading.Event()
+def test_a_stuck_model_call_fails_waiting_requests_at_their_deadline_and_then_ping(
+        loaded_model):
+    release, stuck_call = threading.Event(), threading.Event()
 
     def stuck(batch):
-        release.wait()
+        stuck_call.set()
+        release.wait(60)
         return loaded_model.predict(batch)
 
     client = unready_app(loaded_model, timeout_s=1, predict=stuck)
+    first = threading.Thread(target=invoke, args=(client, "text/csv", "1,2,3,4"))
+    first.start()
     try:
+        assert stuck_call.wait(30)
         response = invoke(client, "text/csv", "1,2,3,4")
+        assert (response.status_code, response.get_json()) == (503, {
+            "error": "no prediction within 1 s (SAGEMAKER_MODEL_SERVER_TIMEOUT): the server is "
+                     "overloaded"})
+        ping = client.get("/ping")
+        assert ping.status_code == 503
+        assert "a model call has not returned for" in ping.get_json()["error"]
     finally:
         release.set()
-    assert (response.status_code, response.get_json()) == (503, {
-        "error": "no prediction within 1 s (SAGEMAKER_MODEL_SERVER_TIMEOUT): the server is "
-                 "overloaded"})
+        first.join()
+    assert client.get("/ping").status_code == 200

@@ -8,30 +8,50 @@ import pytest
 
 from container.serve_cli import parse_args
 from serve.config import ServeConfig, ServeConfigError, config_from_env
+from serve.host import cpu_count, default_workers, free_gpu, gpu_count, tensorflow_threads
 from serve.logs import logging_config
 from serve.server import gunicorn_options
 
 
-def test_defaults_suit_sagemaker_and_tensorflow():
+def test_defaults_suit_sagemaker_and_the_host():
     config = config_from_env(Path("/opt/ml"), {})
-    assert config == ServeConfig(ml_root=Path("/opt/ml"), port=8080, workers=1, threads=64,
-                                 timeout_s=60, max_payload_mb=6, max_concurrent_transforms=0,
-                                 max_batch_size=128, max_batch_wait_ms=1.0)
+    workers = default_workers(cpu_count(), gpu_count())
+    assert config == ServeConfig(ml_root=Path("/opt/ml"), port=8080, workers=workers,
+                                 threads=64, timeout_s=60, max_payload_mb=6,
+                                 max_concurrent_transforms=0, max_batch_size=128, max_queue=48,
+                                 decode_mb=0)
     assert config.model_dir == Path("/opt/ml/model")
     assert config.max_payload_bytes == 6 * 1024 * 1024
-    assert config.concurrent_transforms == 8
+    assert config.decode_budget_bytes == 12 * 1024 * 1024
+    assert config.concurrent_transforms == 8 * workers
+
+
+def test_workers_fill_the_host_and_share_its_cores(tmp_path):
+    assert gpu_count(tmp_path / "no-driver") == 0
+    for gpu in ("0000:00:1e.0", "0000:00:1f.0"):
+        (tmp_path / gpu).mkdir()
+    assert gpu_count(tmp_path) == 2
+    assert default_workers(cpus=8, gpus=0) == 8
+    assert default_workers(cpus=8, gpus=2) == 2
+    assert tensorflow_threads(cpus=8, workers=2) == {
+        "TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "2", "OMP_NUM_THREADS": "4"}
+    assert tensorflow_threads(cpus=2, workers=4)["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert free_gpu([], 2) == 0
+    assert free_gpu([0], 2) == 1
+    assert free_gpu([1], 2) == 0  # the worker that held GPU 0 was replaced
 
 
 def test_every_setting_comes_from_its_variable():
     env = {"SAGEMAKER_BIND_TO_PORT": "9000", "SAGEMAKER_MODEL_SERVER_WORKERS": "2",
            "SERVE_THREADS": "16", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "30",
            "SAGEMAKER_MAX_PAYLOAD_IN_MB": "0", "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "4",
-           "SERVE_MAX_BATCH_SIZE": "64", "SERVE_MAX_BATCH_WAIT_MS": " 2.5 "}
+           "SERVE_MAX_BATCH_SIZE": "64", "SERVE_MAX_QUEUE": " 7 ", "SERVE_DECODE_MB": "3"}
     config = config_from_env(Path("/ml"), env)
     assert config == ServeConfig(ml_root=Path("/ml"), port=9000, workers=2, threads=16,
                                  timeout_s=30, max_payload_mb=0, max_concurrent_transforms=4,
-                                 max_batch_size=64, max_batch_wait_ms=2.5)
+                                 max_batch_size=64, max_queue=7, decode_mb=3)
     assert config.max_payload_bytes is None  # 0: no limit
+    assert config.decode_budget_bytes == 3 * 1024 * 1024
     assert config.concurrent_transforms == 4
 
 
@@ -44,9 +64,7 @@ def test_every_setting_comes_from_its_variable():
                                            "expected 0 to 100"),
     ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "1.5", "SAGEMAKER_MODEL_SERVER_TIMEOUT='1.5' is not an "
                                               "integer"),
-    ("SERVE_MAX_BATCH_WAIT_MS", "nan", "SERVE_MAX_BATCH_WAIT_MS='nan' is not a finite number"),
-    ("SERVE_MAX_BATCH_WAIT_MS", "-1", "SERVE_MAX_BATCH_WAIT_MS=-1.0 is out of range: expected "
-                                      "0.0 to 1000.0"),
+    ("SERVE_MAX_QUEUE", "0", "SERVE_MAX_QUEUE=0 is out of range: expected 1 to 65536"),
     ("SERVE_MAX_BATCH_SIZE", "0", "SERVE_MAX_BATCH_SIZE=0 is out of range: expected 1 to "
                                   "1000000"),
 ])

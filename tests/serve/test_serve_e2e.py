@@ -14,12 +14,9 @@ import http.client
 import io
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,55 +24,9 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serve_testing import Server, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVE = Path(sys.executable).parent / "serve"
-DEADLINE_S = 300  # generous: loading TensorFlow on a busy 2-core machine takes a while
-
-
-def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):
-    """Poll `condition` until it returns something other than None or False; return that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.05)
-
-
-class Server:
-    """A `serve` process on a free port, its log in a file."""
-
-    def __init__(self, ml_root: Path, log: Path, **env: str):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with log.open("w") as stderr:
-            self.process = subprocess.Popen(
-                [str(SERVE), "--ml-root", str(ml_root)], stdout=subprocess.DEVNULL,
-                stderr=stderr, start_new_session=True,
-                env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env})
-
-    def answer(self, method: str, path: str, **kwargs) -> requests.Response | None:
-        """The server's answer, or None while it does not accept connections yet."""
-        assert self.process.poll() is None, f"serve exited: {self.log.read_text()[-3000:]}"
-        try:
-            return requests.request(method, self.url + path, timeout=30, **kwargs)
-        except requests.ConnectionError:
-            return None
-
-    def healthy(self) -> None:
-        wait_for(lambda: getattr(self.answer("GET", "/ping"), "status_code", 0) == 200,
-                 f"/ping answering 200 (log: {self.log})")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        return self.process.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +57,8 @@ def gated(trained, tmp_path_factory):
     model_dir.mkdir()
     (model_dir / "model").symlink_to(trained / "model" / "model")
     os.mkfifo(model_dir / "metadata.json")
-    server = Server(ml_root, ml_root / "serve.log", SERVE_MAX_BATCH_WAIT_MS="20")
+    # One worker: the FIFO hands the metadata to one reader.
+    server = Server(ml_root, ml_root / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="1")
     metadata = (trained / "model" / "metadata.json").read_bytes()
 
     def release() -> None:

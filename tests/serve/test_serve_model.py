@@ -8,10 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from serve_testing import INSTANCES, METADATA, expected_probabilities
+from serve_testing import INSTANCES, METADATA, app_for, expected_probabilities
 
-from serve.app import create_app
-from serve.batching import MicroBatcher
 from serve.config import ServeConfig
 from serve.errors import ModelLoadError
 from serve.metadata import ModelMetadata
@@ -111,8 +109,7 @@ def test_a_model_that_is_not_a_classifier_returns_its_outputs(model_dir):
     with_metadata(model_dir, task="regression", classes=None, output=None)
     model = Model(model_dir)
     model.load()
-    batcher = MicroBatcher(model.predict, 8, 0.001).start()
-    client = create_app(ServeConfig(ml_root=model_dir.parent), model, batcher).test_client()
+    client = app_for(ServeConfig(ml_root=model_dir.parent), model).test_client()
     expected = expected_probabilities(INSTANCES)
     body = json.dumps(INSTANCES)
     answer = client.post("/invocations", data=body, content_type="application/json")
