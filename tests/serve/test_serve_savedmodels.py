@@ -11,11 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from serve.app import create_app
-from serve.batching import MicroBatcher
 from serve.config import ServeConfig
 from serve.errors import ModelLoadError
 from serve.model import Model
+from serve_testing import app_for
 
 KERNEL = np.array([[1.0, -1.0], [0.5, 2.0], [-2.0, 0.25]], np.float32)
 ROWS = [[1.0, 2.0, 3.0], [0.0, -1.0, 0.5]]
@@ -51,8 +50,7 @@ def tf():
 def serve(model_dir):
     model = Model(model_dir)
     model.load()
-    batcher = MicroBatcher(model.predict, 8, 0.001).start()
-    return create_app(ServeConfig(ml_root=model_dir.parent), model, batcher).test_client()
+    return app_for(ServeConfig(ml_root=model_dir.parent), model).test_client()
 
 
 def post(client, body, content_type="application/json", accept="application/json"):
