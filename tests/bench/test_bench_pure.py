@@ -139,7 +139,7 @@ def test_trainer_jobs_fix_one_thread_and_switch_off_checkpoints():
 
 
 def test_bench_config_names_the_valid_items():
-    with pytest.raises(ValueError, match=r"Unknown item\(s\): \[7\]. Choose between 1, 2, 3"):
+    with pytest.raises(ValueError, match=r"Unknown item\(s\): \[8\]. Choose between 1, 2, 3"):
         BenchConfig(tiny=True, items=(1, 8), results=None, workdir=None, cluster_mode="auto",
                     image="x", mpi_options="")
     with pytest.raises(SystemExit):
