@@ -51,7 +51,7 @@ build: container-setup
 
 ## The container tests: image, compose clusters, faults, serving, push (part of `make test`).
 test-container: setup container-setup
-	$(PY) -m pytest -q -m container tests/container
+	$(PY) -m pytest -q -m container tests/image
 
 ## A local SageMaker-style cluster of HOSTS containers on the embedded digits dataset.
 local-train: setup container-setup

@@ -18,7 +18,7 @@ Two ways to run the same job, named in the table:
   algo-1, algo-2 on their own network, `train` as PID 1), times from the engine: State
   StartedAt/FinishedAt and the log's per-line timestamps (`<engine> logs -t`).
 - `loopback`: two launchers on this machine, hosts 127.0.0.1 and 127.0.0.2, each with its
-  own sshd and tree (as tests/training/test_multi_host.py does); times from this process's
+  own sshd and tree (as tests/container/test_multi_host.py does); times from this process's
   clock when each line arrives.
 """
 

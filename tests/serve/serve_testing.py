@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from container.network import free_port
 from serve.app import create_app
 from serve.batching import MicroBatcher
 from serve.config import ServeConfig
@@ -78,9 +78,7 @@ class Server:
     """A `serve` process on a free port, its log in a file."""
 
     def __init__(self, ml_root: Path, log: Path, **env: str):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with log.open("w") as stderr:

@@ -25,7 +25,7 @@ from serve.model import horovod_op_library
 from tests.conftest import TRAIN
 from tests.portable import call_savedmodel
 from tests.s3_server import s3_server, uninstall, write_wheel  # noqa: F401
-from tests.serve.test_serve_e2e import Server
+from tests.serve.serve_testing import Server
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 

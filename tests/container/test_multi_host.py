@@ -2,7 +2,7 @@
 launcher, its own SageMaker tree and its own sshd. mpirun really crosses over ssh to the
 second address (OpenMPI treats it as a remote node), so the leader/worker protocol, the job
 key, strict host-key checking and the failure paths all run for real. Separate containers
-are tested in tests/container."""
+are tested in tests/image."""
 
 import json
 import os

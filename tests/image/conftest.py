@@ -150,3 +150,15 @@ def serving(engine, image: str, model: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         engine.run("rm", "-f", name, check=False)
+
+
+def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
+    """Poll `host`'s log until it holds `text`; AssertionError if it exits or the time is up."""
+    deadline = time.monotonic() + timeout
+    while text not in cluster.logs(host):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{host} never logged {text!r}:\n{cluster.logs(host)[-3000:]}")
+        if not cluster.state(host).get("Running"):
+            raise AssertionError(f"{host} exited before logging {text!r}:\n"
+                                 f"{cluster.logs(host)[-3000:]}")
+        time.sleep(1)

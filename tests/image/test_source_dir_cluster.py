@@ -14,7 +14,7 @@ import pytest
 from conftest import compose_cluster, http, local_cluster, serving
 
 from tests.s3_server import write_wheel
-from tests.training.test_sdk_flow import SCRIPT
+from tests.container.test_sdk_flow import SCRIPT
 
 pytestmark = pytest.mark.container
 
