@@ -23,11 +23,11 @@ import json
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from container.paths import MlPaths
 from container.sagemaker_config import JobConfig, ResourceConfig, write_job_config
+from scripts.bench.input_pipeline import iteration_rates
 from scripts.bench.jobs import TrainRun, run_trains
 from scripts.bench.launch import PYTHON, run
 from scripts.bench.results import Measurement, Target, median
@@ -121,16 +121,9 @@ def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int) -> lis
     files = list_channel("train", channel)
     config = TrainerConfig(augment=True)
     source = open_source(files, Share(files.files), config)
-    iterator = iter(training_input(source, label_lookup(list(range(10))), batch, config, 0,
-                                   augment=True))
-    next(iterator)  # builds the pipeline and fills the shuffle buffer
-    rates = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(batches):
-            next(iterator)
-        rates.append(batches * batch / (time.perf_counter() - started))
-    return rates
+    dataset = training_input(source, label_lookup(list(range(10))), batch, config, 0,
+                             augment=True)
+    return iteration_rates(dataset, batch, batches, repeats)
 
 
 def main(argv: list[str]) -> None:

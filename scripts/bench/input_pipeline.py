@@ -71,15 +71,21 @@ def pipeline_rate(workdir: Path, batch: int, batches: int, repeats: int) -> dict
     source = channel_source(workdir / "channel-npz")
     dataset = training_input(source, label_lookup(list(range(CLASSES))), batch, TrainerConfig(),
                              0, augment=False)
+    return {"samples_per_sec": iteration_rates(dataset, batch, batches, repeats), "batch": batch}
+
+
+def iteration_rates(dataset, batch: int, batches: int, repeats: int) -> list[float]:
+    """Samples/s of drawing `batches` batches from `dataset`, `repeats` times, after a first
+    batch that builds the pipeline and fills its shuffle buffer."""
     iterator = iter(dataset)
-    next(iterator)  # builds the pipeline and fills the shuffle buffer
+    next(iterator)
     rates = []
     for _ in range(repeats):
         started = time.perf_counter()
         for _ in range(batches):
             next(iterator)
         rates.append(batches * batch / (time.perf_counter() - started))
-    return {"samples_per_sec": rates, "batch": batch}
+    return rates
 
 
 def main(argv: list[str]) -> None:
