@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from container import mpirun
 from container.errors import ConfigError
 from container.hyperparameters import decode
-from container.job_hyperparameters import validate_hyperparameters
+from container.job_hyperparameters import JobHyperparameters
 from container.launch_config import LaunchConfig
 from container.sagemaker_config import JobConfig
 from container.source_dir import submit_directory
@@ -161,10 +161,10 @@ def _check_builtin_channels(job: JobConfig) -> None:
                               "container does not read; use File or FastFile")
 
 
-def make_plan(job: JobConfig, *, gpu_count: int, python: str, runtime: Path,
-              environ: Mapping[str, str]) -> LaunchPlan:
-    """Validate everything the job says and decide exactly what will run."""
-    settings = validate_hyperparameters(job.hyperparameters, environ)
+def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,
+              runtime: Path, environ: Mapping[str, str]) -> LaunchPlan:
+    """Check the rest of what the job says (its hyperparameters are `settings`, validated
+    once by container.job_hyperparameters) and decide exactly what will run."""
     launch = settings.launch
     resources = job.resources
     cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,

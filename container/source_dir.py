@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlparse
 
 from container.errors import ConfigError
 from container.hyperparameters import decode
-from container.launch_config import LaunchConfig, split_hyperparameters
+from container.launch_config import LaunchConfig
 from container.sagemaker_config import JobConfig
 
 REQUIREMENTS = "requirements.txt"
@@ -51,9 +51,8 @@ def region(job: JobConfig) -> str | None:
     return str(value) if value else os.environ.get("AWS_REGION") or None
 
 
-def prepare(job: JobConfig) -> None:
+def prepare(job: JobConfig, launch: LaunchConfig) -> None:
     """Fetch, unpack and install the submit directory into the code folder, if the job has one."""
-    launch, _, _ = split_hyperparameters(job.hyperparameters)
     uri = submit_directory(launch, os.environ)
     if not uri:
         return

@@ -50,6 +50,7 @@ from container.coordination import Leader, follow_leader
 from container.errors import TrainError
 from container.failure import Outcome, write_failure
 from container.init import become_init
+from container.job_hyperparameters import validate_hyperparameters
 from container.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import LaunchPlan, make_plan
 from container.protocol import FailureKind, Mark, mark_line
@@ -89,9 +90,10 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
     try:
         job = read_job_config(paths)
-        source_dir.prepare(job)
-        plan = make_plan(job, gpu_count=count_gpus(), python=sys.executable, runtime=runtime,
-                         environ=os.environ)
+        settings = validate_hyperparameters(job.hyperparameters, os.environ)
+        source_dir.prepare(job, settings.launch)
+        plan = make_plan(job, settings, gpu_count=count_gpus(), python=sys.executable,
+                         runtime=runtime, environ=os.environ)
         if dry_run:
             print(json.dumps(plan.as_json(), indent=2))
             return 0

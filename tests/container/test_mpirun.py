@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from container.errors import ConfigError
+from container.job_hyperparameters import validate_hyperparameters
 from container.mpirun import merge_options, parse_options
 from container.paths import MlPaths
 from container.plan import make_plan
@@ -51,9 +52,13 @@ def rank_env(hosts, per_host, gpus=0):
                    "-x", "TF_ENABLE_ONEDNN_OPTS=1"])
 
 
+def plan(the_job, gpus=0):
+    return make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, ENV),
+                     gpu_count=gpus, python=PYTHON, runtime=Path("/run/job"), environ=ENV)
+
+
 def argv(the_job, gpus=0):
-    return make_plan(the_job, gpu_count=gpus, python=PYTHON, runtime=Path("/run/job"),
-                     environ=ENV).mpirun
+    return plan(the_job, gpus).mpirun
 
 
 def test_single_cpu_host_runs_locally_without_ssh():
@@ -128,11 +133,11 @@ def test_script_mode_passes_hyperparameters_as_arguments(tmp_path):
     the_job = JobConfig(paths, ResourceConfig("algo-1", ("algo-1",)), {
         "sagemaker_program": "\"train.py\"", "epochs": "3", "optimizer": "\"adam\"",
         "anything-goes": "x"}, {})
-    plan = make_plan(the_job, gpu_count=0, python=PYTHON, runtime=Path("/run/job"), environ=ENV)
-    assert plan.mpirun[-9:] == (PYTHON, "-m", "mpi4py", "-m", "train.script_runner",
-                                str(paths.code_dir / "train.py"), "--anything-goes", "x",
-                                "--epochs", "3", "--optimizer", "adam")[-9:]
-    assert plan.batches is None
+    launch = plan(the_job)
+    assert launch.mpirun[-9:] == (PYTHON, "-m", "mpi4py", "-m", "train.script_runner",
+                                  str(paths.code_dir / "train.py"), "--anything-goes", "x",
+                                  "--epochs", "3", "--optimizer", "adam")[-9:]
+    assert launch.batches is None
 
 
 def test_builtin_mode_refuses_unknown_channels_and_pipe_mode():
@@ -153,4 +158,4 @@ def test_script_mode_refuses_a_program_outside_the_code_folder(tmp_path, program
     (tmp_path / "ml" / "train.py").write_text("")  # it exists, but outside the code folder
     the_job = JobConfig(paths, ResourceConfig("algo-1", ("algo-1",)), {"sagemaker_program": program}, {})
     with pytest.raises(ConfigError, match=f"program {program!r} points outside the code folder"):
-        make_plan(the_job, gpu_count=0, python=PYTHON, runtime=Path("/run/job"), environ=ENV)
+        plan(the_job)

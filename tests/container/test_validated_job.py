@@ -20,8 +20,9 @@ PYTHON = "/venv/bin/python"
 def plan_of(paths: MlPaths, hyperparameters: dict, environ=None, hosts=("algo-1",)):
     job = JobConfig(paths, ResourceConfig(hosts[0], tuple(hosts)), hyperparameters,
                     {"train": Channel("train")})
-    return make_plan(job, gpu_count=0, python=PYTHON, runtime=Path("/run/job"),
-                     environ=environ or {})
+    environ = environ or {}
+    return make_plan(job, validate_hyperparameters(hyperparameters, environ), gpu_count=0,
+                     python=PYTHON, runtime=Path("/run/job"), environ=environ)
 
 
 def job_in_argv(argv) -> str:
