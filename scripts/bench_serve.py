@@ -287,7 +287,7 @@ def forward_cost_ms(ml_root: Path, rows: np.ndarray) -> dict[int, float]:
     """The model alone: ms per traced call of 1 and 32 rows, in this process, one thread."""
     code = f"""
 import json, time, numpy as np, tensorflow as tf
-model = tf.keras.models.load_model({str(ml_root / "model" / "model")!r}, compile=False)
+model = tf.keras.models.load_model({str(ml_root / "model" / SAVEDMODEL_PATH)!r}, compile=False)
 rows = np.array({rows[:32].tolist()}, np.float32)
 forward = tf.function(lambda b: model(b, training=False),
                       input_signature=[tf.TensorSpec((None, rows.shape[1]), tf.float32)])
