@@ -77,7 +77,7 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
     @app.post("/invocations")
     def invocations() -> Response:
         deadline = g.arrived + config.timeout_s
-        model.check_ready()
+        model.wait_ready(deadline)
         _check_not_stalled(batcher, config)
         media_type = negotiate(request.headers.get("Accept"))
         body = _read_body(config.max_payload_bytes)

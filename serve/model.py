@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -133,6 +134,7 @@ class Model:
         self._saved_model = None  # kept alive: the signature's variables belong to it
         self._failure: str | None = None
         self._loaded = threading.Event()
+        self._settled = threading.Event()  # the background load ended, loaded or failed
 
     @property
     def ready(self) -> bool:
@@ -145,6 +147,15 @@ class Model:
             raise ModelUnavailable(f"the model failed to load: {self._failure}")
         if not self.ready:
             raise ModelUnavailable("the model is still loading; retry when GET /ping answers 200")
+
+    def wait_ready(self, deadline: float) -> None:
+        """Like check_ready, but a model still loading gets until `deadline`
+        (time.monotonic()) to finish. With several workers, /ping answers 200 from the first
+        worker whose model is ready while the others are still loading theirs; a request that
+        reaches one of those waits for it rather than failing."""
+        if not self.ready and self._failure is None:
+            self._settled.wait(max(0.0, deadline - time.monotonic()))
+        self.check_ready()
 
     def load(self) -> None:
         """Load, trace and warm up the model; raise ModelLoadError saying what is wrong."""
@@ -239,3 +250,5 @@ class Model:
             log.exception("loading the model failed, /ping stays 503")
         else:
             log.info("model ready: %s", self.interface.describe())
+        finally:
+            self._settled.set()

@@ -327,10 +327,19 @@ def unready_app(model: Model, timeout_s: int = 30, predict=None):
 
 
 def test_ping_is_503_while_the_model_loads(config):
-    client = unready_app(Model(config.model_dir))
+    client = unready_app(Model(config.model_dir), timeout_s=1)
     for response in (client.get("/ping"), invoke(client, "text/csv", "1,2,3,4")):
         assert (response.status_code, response.get_json()) == (503, {
             "error": "the model is still loading; retry when GET /ping answers 200"})
+
+
+def test_a_request_to_a_worker_still_loading_waits_for_its_model(config):
+    model = Model(config.model_dir)
+    client = unready_app(model, timeout_s=60)
+    model.load_in_background()
+    response = invoke(client, "text/csv", ",".join(["1"] * 4))
+    assert response.status_code == 200, response.get_json()
+    assert model.ready
 
 
 def test_a_broken_model_is_never_healthy_and_says_why(tmp_path, caplog):

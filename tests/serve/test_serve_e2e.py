@@ -92,10 +92,18 @@ def test_ping_is_503_until_the_model_is_loaded_then_200(gated):
     first = wait_for(lambda: gated.answer("GET", "/ping"), "the server accepting connections")
     assert (first.status_code, first.json()) == (503, {
         "error": "the model is still loading; retry when GET /ping answers 200"})
-    early = gated.answer("POST", "/invocations", data="1,2", headers={"Content-Type": "text/csv"})
-    assert early.status_code == 503
+    # A request that reaches a worker still loading waits for its model instead of failing
+    # (with several workers, /ping may already answer 200 from another one).
+    early = []
+    sender = threading.Thread(target=lambda: early.append(gated.answer(
+        "POST", "/invocations", data=",".join(["0"] * 64), headers={"Content-Type": "text/csv"})))
+    sender.start()
+    sender.join(timeout=2)
+    assert sender.is_alive() and not early, "the request was answered before the model loaded"
     gated.release()
     gated.healthy()
+    sender.join(timeout=60)
+    assert early and early[0].status_code == 200, early
     assert gated.answer("GET", "/ping").content == b""
 
 
