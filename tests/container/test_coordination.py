@@ -28,6 +28,14 @@ def start_leader(port, workers=WORKERS, heartbeat_timeout=2):
                   heartbeat_timeout=heartbeat_timeout)
 
 
+def succeed(leader, threads, ready_within: float) -> None:
+    """Wait for every worker to be ready, end the job successfully, and join the workers."""
+    leader.wait_ready(timeout=ready_within)
+    leader.finish(Outcome.success())
+    for thread in threads:
+        thread.join(timeout=5)
+
+
 def follow(port, host, results, **overrides):
     options = dict(address=host, leader_timeout=10, heartbeat_timeout=2,
                    on_key=lambda key: f"hostkey-of-{host}-for-{key}")
@@ -81,10 +89,7 @@ def test_a_worker_ready_long_before_the_last_one_keeps_waiting():
     leader = start_leader(port)
     threads = [start_worker(port, "127.0.0.2", results),
                start_worker(port, "127.0.0.3", results, delay=4)]
-    leader.wait_ready(timeout=20)
-    leader.finish(Outcome.success())
-    for thread in threads:
-        thread.join(timeout=5)
+    succeed(leader, threads, ready_within=20)
     assert results == {host: Outcome.success() for host in WORKERS}
 
 
@@ -93,10 +98,7 @@ def test_workers_first_and_the_leader_last():
     threads = [start_worker(port, host, results) for host in WORKERS]
     time.sleep(3)
     leader = start_leader(port)
-    leader.wait_ready(timeout=10)
-    leader.finish(Outcome.success())
-    for thread in threads:
-        thread.join(timeout=5)
+    succeed(leader, threads, ready_within=10)
     assert results == {host: Outcome.success() for host in WORKERS}
 
 
@@ -189,10 +191,7 @@ def hostile_job(monkeypatch):
     def run_job():
         results = {}
         threads = [start_worker(port, host, results) for host in WORKERS]
-        leader.wait_ready(timeout=20)
-        leader.finish(Outcome.success())
-        for thread in threads:
-            thread.join(timeout=5)
+        succeed(leader, threads, ready_within=20)
         return results
 
     yield port, run_job
