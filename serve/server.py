@@ -20,15 +20,25 @@ import os
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger
 
 from serve.config import ServeConfig
 from serve.host import free_gpu, gpu_count
+from serve.keepalive import KeepAliveWorker
 from serve.logs import logging_config
 
 GRACEFUL_TIMEOUT_S = 20
 # Longer than the idle timeout of the load balancer in front, so that it, not the server,
 # closes idle connections and never sends a request on a connection being closed.
 KEEPALIVE_S = 75
+
+
+class NoAccessLogger(Logger):
+    """gunicorn's logger without its access log: serve.app logs each request itself.
+    gunicorn would otherwise build its access-log fields for every request (tens of
+    microseconds) whenever a logging config is given, then drop them."""
+
+    access_log_enabled = False
 
 
 def _pick_gpu(server: Any, worker: Any) -> None:
@@ -47,13 +57,14 @@ def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
     return {**gpu_hooks,
         "bind": [f"0.0.0.0:{config.port}"],
         "workers": config.workers,
-        "worker_class": "gthread",
+        "worker_class": KeepAliveWorker,
         "threads": config.threads,
         "timeout": config.timeout_s,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
         "keepalive": KEEPALIVE_S,
         "preload_app": False,
-        "accesslog": None,  # serve.app logs every request itself, as JSON (serve.logs)
+        "accesslog": None,
+        "logger_class": NoAccessLogger,
         "logconfig_dict": logging_config(),
         "control_socket_disable": True,  # one fixed socket path per user would clash
         "proc_name": "serve",

@@ -309,14 +309,15 @@ def test_metrics_count_requests_and_instances(client):
     assert after["instances"] - before["instances"] == len(INSTANCES)
 
 
-def test_requests_are_logged_without_payloads(client, caplog):
+def test_failed_requests_are_logged_without_payloads(client, caplog):
     with caplog.at_level(logging.INFO, logger="serve.app"):
         invoke(client, "text/csv", "12345.5,2,3,4\n")
         invoke(client, "text/csv", "98765.5,2,3\n")
         client.get("/ping")
+        client.get("/predict")
     fields = [record.fields for record in caplog.records]
     assert [(f["method"], f["path"], f["status"]) for f in fields] == [
-        ("POST", "/invocations", 200), ("POST", "/invocations", 400)]
+        ("POST", "/invocations", 400), ("GET", "/predict", 404)]
     assert all(isinstance(f["latency_ms"], float) for f in fields)
     assert "12345" not in caplog.text and "98765" not in caplog.text
 

@@ -10,7 +10,8 @@ from container.serve_cli import parse_args
 from serve.config import ServeConfig, ServeConfigError, config_from_env
 from serve.host import cpu_count, default_workers, free_gpu, gpu_count, tensorflow_threads
 from serve.logs import logging_config
-from serve.server import gunicorn_options
+from serve.keepalive import KeepAliveWorker
+from serve.server import NoAccessLogger, gunicorn_options
 
 
 def test_defaults_suit_sagemaker_and_the_host():
@@ -77,10 +78,10 @@ def test_a_bad_value_names_the_variable_and_what_is_allowed(name, value, message
 def test_gunicorn_settings():
     config = ServeConfig(port=9000, workers=2, threads=16, timeout_s=30)
     assert gunicorn_options(config) == {
-        "bind": ["0.0.0.0:9000"], "workers": 2, "worker_class": "gthread", "threads": 16,
-        "timeout": 30, "graceful_timeout": 20, "keepalive": 75, "preload_app": False,
-        "accesslog": None, "logconfig_dict": logging_config(), "control_socket_disable": True,
-        "proc_name": "serve"}
+        "bind": ["0.0.0.0:9000"], "workers": 2, "worker_class": KeepAliveWorker,
+        "threads": 16, "timeout": 30, "graceful_timeout": 20, "keepalive": 75,
+        "preload_app": False, "accesslog": None, "logger_class": NoAccessLogger,
+        "logconfig_dict": logging_config(), "control_socket_disable": True, "proc_name": "serve"}
 
 
 def test_cli_reads_ml_root_and_environment(monkeypatch):

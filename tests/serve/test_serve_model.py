@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import subprocess
 import sys
 
@@ -13,7 +15,7 @@ from serve_testing import INSTANCES, METADATA, app_for, expected_probabilities
 from serve.config import ServeConfig
 from serve.errors import ModelLoadError
 from serve.metadata import ModelMetadata
-from serve.model import Model
+from serve.model import Model, _flat_call
 
 
 def with_metadata(model_dir, **changes) -> None:
@@ -88,7 +90,7 @@ CHECK_IMPORTS = """
 import sys
 from pathlib import Path
 import serve.worker
-from serve.model import Model
+from serve.model import Model, _flat_call
 try:
     Model(Path(sys.argv[1])).load()
 except Exception as error:
@@ -130,3 +132,45 @@ def test_metadata_written_is_read_back_unchanged(tmp_path):
     regressor.write(tmp_path)
     assert ModelMetadata.read(tmp_path) == regressor
     assert ModelMetadata.read(tmp_path / "nowhere") is None
+
+
+def test_the_model_is_called_through_its_flat_function_and_its_objects_frozen(model_dir,
+                                                                              caplog):
+    """With the pinned TensorFlow the flat call answers as the signature does (no warning),
+    and TensorFlow's objects leave the collector's full passes once the model is loaded."""
+    gc.unfreeze()
+    with caplog.at_level(logging.WARNING, logger="serve.model"):
+        model = Model(model_dir)
+        model.load()
+    assert not caplog.records, caplog.text
+    assert gc.get_freeze_count() > 100_000
+    batch = np.array(INSTANCES, np.float32).reshape(-1, 2, 2)
+    np.testing.assert_allclose(model.predict(batch), expected_probabilities(INSTANCES),
+                               rtol=1e-5)
+
+
+class _Skewed:
+    """A real signature whose flat function answers twice what the signature does."""
+
+    def __init__(self, signature):
+        self._signature = signature
+        self.structured_input_signature = signature.structured_input_signature
+        self.structured_outputs = signature.structured_outputs
+        self.captured_inputs = signature.captured_inputs
+        flat = signature._inference_function.call_flat
+        self._inference_function = type("Flat", (), {"call_flat": staticmethod(
+            lambda *tensors: [2 * output for output in flat(*tensors)])})()
+
+    def __call__(self, **feed):
+        return self._signature(**feed)
+
+
+def test_a_flat_function_that_answers_differently_is_not_used(loaded_model, caplog):
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(loaded_model.model_dir / "model")).signatures[
+        "serving_default"]
+    with caplog.at_level(logging.WARNING, logger="serve.model"):
+        assert _flat_call(_Skewed(signature), loaded_model.interface.inputs) is None
+    assert "answers differently; using the public call" in caplog.text
+    assert _flat_call(signature, loaded_model.interface.inputs) is not None

@@ -1,0 +1,110 @@
+"""Kept-alive connections on the real server (serve.keepalive): a request thread that keeps a
+busy connection must never starve other connections, and a connection is served correctly
+whether its next request comes at once, after a pause, or pipelined behind the first."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from serve.keepalive import LINGER_S
+from serve_testing import INSTANCES, Server, expected_probabilities, write_model
+
+ROW = ",".join(str(v) for v in INSTANCES[0])
+
+
+@pytest.fixture(scope="module")
+def two_threads(tmp_path_factory):
+    """One worker with two request threads, so that three clients outnumber them."""
+    root = tmp_path_factory.mktemp("keepalive")
+    write_model(root / "model")
+    server = Server(root, root / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="1",
+                    SERVE_THREADS="2")
+    server.healthy()
+    yield server
+    server.stop()
+
+
+def probabilities(answer: requests.Response) -> list[float]:
+    assert answer.status_code == 200, answer.text
+    return answer.json()["predictions"][0]["probabilities"]
+
+
+def test_more_busy_connections_than_threads_are_all_served(two_threads):
+    """Six clients, each sending its next request as soon as it has the answer, share two
+    threads: each gets answers all along, none waits for the others to stop."""
+    expected = expected_probabilities([INSTANCES[0]])[0]
+    stop_at = time.monotonic() + 3
+    answered, errors = [0] * 6, []
+
+    def client(index: int) -> None:
+        with requests.Session() as session:
+            while time.monotonic() < stop_at:
+                try:
+                    answer = session.post(two_threads.url + "/invocations", data=ROW,
+                                          headers={"Content-Type": "text/csv"}, timeout=2)
+                    np.testing.assert_allclose(probabilities(answer), expected, rtol=1e-5)
+                except Exception as error:  # noqa: BLE001 - reported below
+                    errors.append(f"client {index}: {error!r}")
+                    return
+                answered[index] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert min(answered) >= 10, f"answers per client: {answered}"
+
+
+def test_a_connection_quiet_for_a_while_is_still_served(two_threads):
+    connection = socket.create_connection(("127.0.0.1", two_threads.port), timeout=10)
+    with connection, connection.makefile("rb") as stream:
+        for pause_s in (0, 20 * LINGER_S, 0):
+            time.sleep(pause_s)
+            connection.sendall(request())
+            assert read_answer(stream).startswith(b"HTTP/1.1 200")
+
+
+def test_pipelined_requests_are_answered_in_order(two_threads):
+    """Three requests in one send: the second and third wait in the parser's buffer, not on
+    the socket, and must still be answered, in order."""
+    rows = INSTANCES
+    connection = socket.create_connection(("127.0.0.1", two_threads.port), timeout=10)
+    with connection, connection.makefile("rb") as stream:
+        connection.sendall(b"".join(request(",".join(map(str, row))) for row in rows))
+        answers = [read_answer(stream) for _ in rows]
+    for answer, row in zip(answers, rows):
+        head, body = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 200"), answer
+        np.testing.assert_allclose(probabilities_from(body), expected_probabilities([row])[0],
+                                   rtol=1e-5)
+
+
+def request(row: str = ROW) -> bytes:
+    return (f"POST /invocations HTTP/1.1\r\nHost: test\r\nContent-Type: text/csv\r\n"
+            f"Content-Length: {len(row)}\r\n\r\n{row}").encode()
+
+
+def read_answer(stream) -> bytes:
+    """One HTTP response (with a Content-Length) read from the connection's file."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        line = stream.readline()
+        if not line:
+            pytest.fail(f"connection closed after {head!r}")
+        head += line
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    return head + stream.read(length)
+
+
+def probabilities_from(body: bytes) -> list[float]:
+    return json.loads(body)["predictions"][0]["probabilities"]
