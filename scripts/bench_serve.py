@@ -5,7 +5,7 @@ bring-your-own-container server on the same machine and model: Flask on gunicorn
 workers, one per core, the SavedModel loaded once per worker, one call of a traced
 `tf.function` per request, CSV in, JSON out (`baseline_app` below). `wrk` drives both with
 keep-alive connections, one CSV row per request, at concurrency 1, 8, 32 and 64, on the
-digits MLP and on a CNN (conv_filters 256,256,512) whose one-row call costs about a
+digits MLP and on a CNN (conv_filters 384,384,768) whose one-row call costs more than a
 millisecond. Cells alternate between the two servers (A, B, A, B ...) so that the load of other
 processes falls on both alike; each figure is the median of `--repeats` runs. It prints
 requests/s, p50/p99, the CPU time each server spends per request, the ratios serve/baseline,
@@ -57,7 +57,7 @@ from serve.metadata import SAVEDMODEL_PATH
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "bench-serve"
 CONCURRENCIES = (1, 8, 32, 64)
-MODELS = {"mlp": [], "cnn": ["--model", "cnn", "--set", "conv_filters=256,256,512"]}
+MODELS = {"mlp": [], "cnn": ["--model", "cnn", "--set", "conv_filters=384,384,768"]}
 SERVE, BASELINE = "serve", "baseline"
 
 
@@ -79,12 +79,18 @@ def ensure_wrk() -> str:
 
 
 def ensure_model(name: str) -> Path:
-    """The ML root of model `name`, trained there by the default job when missing."""
+    """The ML root of model `name`, trained there by the default job when missing or when
+    it was trained with other arguments than MODELS[name] (build/bench-serve/<name>/args.json)."""
     ml_root = BUILD / name
-    if not (ml_root / "model" / "metadata.json").exists():
+    arguments = ["--epochs", "1", *MODELS[name]]
+    stamp = ml_root / "args.json"
+    if not (ml_root / "model" / "metadata.json").exists() or (
+            not stamp.exists() or json.loads(stamp.read_text()) != arguments):
         print(f"bench-serve: training the {name} model under {ml_root}", flush=True)
+        shutil.rmtree(ml_root, ignore_errors=True)
         subprocess.run([sys.executable, str(ROOT / "scripts" / "default_job.py"), "--ml-root",
-                        str(ml_root), "--epochs", "1", *MODELS[name]], check=True)
+                        str(ml_root), *arguments], check=True)
+        stamp.write_text(json.dumps(arguments))
     return ml_root
 
 

@@ -6,7 +6,8 @@
   thread and serves at once: /ping answers 503 within milliseconds until the model is
   loaded and warmed up. A model that cannot load leaves the worker up, answering 503 with
   the reason, instead of exiting and being restarted forever.
-- Workers are `gthread`: one process holds the model once and many request threads share it
+- Workers are `gthread` (serve.keepalive: a request thread keeps a busy kept-alive
+  connection): one process holds the model once and many request threads share it
   through the micro-batcher, which is what lets concurrent requests share model calls. By
   default there is one worker per core on CPU hosts and one per GPU on GPU hosts (serve.host);
   on a GPU host each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set after fork).

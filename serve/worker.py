@@ -1,8 +1,8 @@
 """What one gunicorn worker serves: its own model, loading in the background, behind the app.
 
 Built after fork, in the worker process, so the model (and TensorFlow) exists once per worker
-and never in the gunicorn master. TensorFlow's thread pools are sized to the worker's share
-of the cores (serve.host) before TensorFlow is imported; variables already set win.
+and never in the gunicorn master. TensorFlow's thread pools are sized (serve.host) before
+TensorFlow is imported; variables already set win.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from serve.model import Model
 
 def build_worker_app(config: ServeConfig) -> Flask:
     """The app of this worker; /ping answers 503 until the model has loaded and warmed up."""
-    for name, value in tensorflow_threads(cpu_count(), config.workers).items():
+    for name, value in tensorflow_threads(cpu_count()).items():
         os.environ.setdefault(name, value)
     model = Model(config.model_dir)
     batcher = MicroBatcher(model.predict, config.max_batch_size, config.max_queue)

@@ -27,16 +27,15 @@ def test_defaults_suit_sagemaker_and_the_host():
     assert config.concurrent_transforms == 8 * workers
 
 
-def test_workers_fill_the_host_and_share_its_cores(tmp_path):
+def test_workers_fill_the_host_and_each_call_may_use_every_core(tmp_path):
     assert gpu_count(tmp_path / "no-driver") == 0
     for gpu in ("0000:00:1e.0", "0000:00:1f.0"):
         (tmp_path / gpu).mkdir()
     assert gpu_count(tmp_path) == 2
     assert default_workers(cpus=8, gpus=0) == 8
     assert default_workers(cpus=8, gpus=2) == 2
-    assert tensorflow_threads(cpus=8, workers=2) == {
-        "TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "2", "OMP_NUM_THREADS": "4"}
-    assert tensorflow_threads(cpus=2, workers=4)["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert tensorflow_threads(cpus=8) == {
+        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "8"}
     assert free_gpu([], 2) == 0
     assert free_gpu([0], 2) == 1
     assert free_gpu([1], 2) == 0  # the worker that held GPU 0 was replaced
