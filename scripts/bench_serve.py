@@ -84,8 +84,9 @@ def ensure_model(name: str) -> Path:
     ml_root = BUILD / name
     arguments = ["--epochs", "1", *MODELS[name]]
     stamp = ml_root / "args.json"
-    if not (ml_root / "model" / "metadata.json").exists() or (
-            not stamp.exists() or json.loads(stamp.read_text()) != arguments):
+    trained = (ml_root / "model" / "metadata.json").exists() and stamp.exists() \
+        and json.loads(stamp.read_text()) == arguments
+    if not trained:
         print(f"bench-serve: training the {name} model under {ml_root}", flush=True)
         shutil.rmtree(ml_root, ignore_errors=True)
         subprocess.run([sys.executable, str(ROOT / "scripts" / "default_job.py"), "--ml-root",

@@ -12,10 +12,9 @@ then runs as fast as the machine allows (a CNN's one-row call 2.5 -> 2.0 ms on 2
 under load the workers rarely compute at the same moment, since each spends most of its time
 in Python between calls. Measured on 2 cores against one intra-op thread per worker, with
 `make bench-serve`'s CNN: 1.2-1.7x the requests/s at concurrency 1 and 8, the same at 64,
-and a lower p99 at every concurrency; the MLP was unchanged.
-On a GPU host one
-worker per GPU, each seeing only its own GPU, keeps every GPU fed without two processes
-contending for one device's memory.
+and a lower p99 at every concurrency; the MLP was unchanged. On a GPU host one worker per
+GPU, each seeing only its own GPU, keeps every GPU fed without two processes contending for
+one device's memory.
 """
 
 from __future__ import annotations

@@ -155,7 +155,8 @@ def _flat_call(signature, inputs: tuple[TensorSpec, ...]
     if not same:
         log.warning("the flat function of %s answers differently; using the public call",
                     SIGNATURE)
-    return call if same else None
+        return None
+    return call
 
 
 def _spec(name: str, shape, dtype) -> TensorSpec:

@@ -35,7 +35,7 @@ KEEPALIVE_S = 75
 
 
 class NoAccessLogger(Logger):
-    """gunicorn's logger without its access log: serve.app logs each request itself.
+    """gunicorn's logger without its access log: serve.app logs failed requests itself.
     gunicorn would otherwise build its access-log fields for every request (tens of
     microseconds) whenever a logging config is given, then drop them."""
 
