@@ -419,6 +419,24 @@ class Soak:
         self.statuses[kind][status] += 1
 
 
+SOAK_TIMEOUT_S = 60  # the server's request timeout in the soak run
+SLOW_BYTE_S = 0.05  # a slow client sends a byte of its body this often
+
+
+def slow_requests(valid: list) -> list:
+    """The valid requests as a slow client sends them: one whose body takes longer than the
+    request timeout to send (a 5-row JSON body: about 80 s) must be refused with a 408."""
+    def refused(status: int, body: bytes) -> str | None:
+        if status != 408 or "error" not in json.loads(body):
+            return f"status {status}, expected 408: {body[:200]}"
+        return None
+
+    return [(kind, request, check)
+            if len(request.split(b"\r\n\r\n", 1)[1]) * SLOW_BYTE_S < SOAK_TIMEOUT_S
+            else (f"{kind}, too slow", request, refused)
+            for kind, request, check in valid]
+
+
 async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, bytes, bool]:
     """Send one request and read its answer: (status, body, whether the server closes)."""
     if slow:
@@ -427,13 +445,16 @@ async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, by
         for byte in body:
             writer.write(bytes([byte]))
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(SLOW_BYTE_S)
     else:
         writer.write(request)
     head = await reader.readuntil(b"\r\n\r\n")
     lower = head.lower()
     length = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
-    return int(head[9:12]), await reader.readexactly(length), b"connection: close" in lower
+    status = int(head[9:12])
+    # after a 408 the server may close the connection, whatever its answer said
+    closing = b"connection: close" in lower or status == 408
+    return status, await reader.readexactly(length), closing
 
 
 async def _soak_client(port: int, stop_at: float, soak: Soak, valid: list, invalid: list,
@@ -526,7 +547,8 @@ def soak(args: argparse.Namespace) -> bool:
     soak_run = Soak({}, [])
     memory: list[tuple[float, float]] = []
     duration_s = args.soak_minutes * 60
-    with started(SERVE, ml_root) as server:
+    with started(SERVE, ml_root, {"SAGEMAKER_MODEL_SERVER_TIMEOUT": str(SOAK_TIMEOUT_S)}) \
+            as server:
         print(f"soak: serve workers {sorted(server.worker_rss_mb())}, resident "
               f"{sum(server.worker_rss_mb().values()):.0f} MB at start", flush=True)
         statuses, seconds = flood(server, rows)
@@ -548,8 +570,8 @@ def soak(args: argparse.Namespace) -> bool:
         async def main() -> None:
             clients = [_soak_client(server.port, stop_at, soak_run, valid, invalid, seed, False)
                        for seed in range(64)]
-            clients += [_soak_client(server.port, stop_at, soak_run, valid, invalid, seed, True)
-                        for seed in range(64, 68)]
+            clients += [_soak_client(server.port, stop_at, soak_run, slow_requests(valid),
+                                     invalid, seed, True) for seed in range(64, 68)]
             await asyncio.gather(sample(), *clients)
 
         asyncio.run(main())

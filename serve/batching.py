@@ -59,7 +59,7 @@ class _State(enum.Enum):
     EXPIRED = "expired"  # dropped from the queue at its deadline
 
 
-@dataclass
+@dataclass(eq=False)  # found in the queue by identity: its arrays have no single truth value
 class _Request:
     batch: np.ndarray
     deadline: float  # time.monotonic()
@@ -95,8 +95,12 @@ class MicroBatcher:
         at `deadline` (time.monotonic()) and Overloaded when the queue is full."""
         request = _Request(batch, deadline)
         with self._lock:
+            now = time.monotonic()
+            if deadline <= now:  # spent decoding or sending: never computed after it
+                self.stats.timed_out += 1
+                raise TimeoutError("no prediction before the deadline")
             if self._busy_since is None:
-                self._busy_since = time.monotonic()
+                self._busy_since = now
                 request.state = _State.LEADING
             elif len(self._queue) >= self._max_queue:
                 self.stats.refused += 1

@@ -30,6 +30,12 @@ class UnsupportedContentType(RequestError):
     status = 415
 
 
+class BodyTimeout(RequestError):
+    """The client had not sent the whole body by the request's deadline."""
+
+    status = 408
+
+
 class ModelUnavailable(RequestError):
     """The model is still loading, failed to load, or did not answer in time."""
 

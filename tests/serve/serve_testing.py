@@ -43,7 +43,8 @@ def write_model(model_dir: Path, metadata: dict = METADATA) -> Path:
     """Export the fixed classifier exactly as the trainer does: SavedModel + metadata.json."""
     import tensorflow as tf
 
-    inputs = tf.keras.Input(INPUT_SHAPE)
+    # Named as Keras names a process's first input, whichever models other tests built before.
+    inputs = tf.keras.Input(INPUT_SHAPE, name="input_1")
     dense = tf.keras.layers.Dense(len(CLASSES), activation="softmax")
     model = tf.keras.Model(inputs, dense(tf.keras.layers.Flatten()(inputs)))
     dense.set_weights([KERNEL, BIAS])

@@ -148,6 +148,36 @@ def test_a_request_waiting_past_its_deadline_times_out_and_is_never_computed():
     assert batcher.stats.timed_out == 1
 
 
+def test_a_request_expiring_behind_others_leaves_the_queue_alone():
+    """Leaving the queue finds the request by identity: two requests of several rows each
+    must not be compared by value (numpy refuses to give one truth value for an array)."""
+    model = HeldModel()
+    batcher = MicroBatcher(model, max_batch_size=16, max_queue=16)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(batcher.submit, rows(1), in_s(30))
+        model.wait_for_first_call()
+        ahead = pool.submit(batcher.submit, rows(2, 3), in_s(30))
+        wait_until_queued(batcher, 1)
+        with pytest.raises(TimeoutError):
+            batcher.submit(rows(4, 5), in_s(0.05))
+        assert len(batcher._queue) == 1  # only the expired request left it
+        model.release()
+        assert first.result()[:, 0].tolist() == [2]
+        assert ahead.result()[:, 0].tolist() == [4, 6]
+    assert model.calls == [[1], [2, 3]]
+
+
+def test_a_request_past_its_deadline_is_not_computed_on_an_idle_model():
+    model = HeldModel()
+    model.release()
+    batcher = MicroBatcher(model, max_batch_size=16, max_queue=16)
+    with pytest.raises(TimeoutError):
+        batcher.submit(rows(1), in_s(-1))
+    assert model.calls == [] and batcher.stalled_s() == 0
+    assert batcher.stats.timed_out == 1
+    assert batcher.submit(rows(2), in_s(30))[:, 0].tolist() == [4]
+
+
 def test_a_full_queue_refuses_at_once():
     model = HeldModel()
     batcher = MicroBatcher(model, max_batch_size=16, max_queue=2)
