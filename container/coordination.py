@@ -140,6 +140,7 @@ class Leader:
         self.failures: dict[str, str] = {}
         self.peers: dict[str, _Connection] = {}
         self.said_bye: set[str] = set()
+        self.addresses: dict[str, str] = {}
         self.pending = 0
         self.running = False
         self.outcome: Outcome | None = None
@@ -237,12 +238,20 @@ class Leader:
         if host not in self.workers:
             return f"{host[:80]!r} is not a worker of this job"
         try:
-            expected = address_of(host)
+            expected = self._address_of(host)
         except OSError as error:
             return f"{host} does not resolve here ({error})"
         if peer_address != expected:
             return f"it claims to be {host}, which resolves to {expected}"
         return None
+
+    def _address_of(self, host: str) -> str:
+        """A worker's address, looked up once: a name service that stalls for a moment (podman's
+        resolver reloads as a container joins the network; glibc then waits 5 s per server)
+        must not keep a stranger's refusal waiting, nor a worker's second attempt."""
+        if host not in self.addresses:
+            self.addresses[host] = address_of(host)
+        return self.addresses[host]
 
     def _next_line(self, peer: _Connection, deadline: float) -> str | None:
         """The next line that is not a heartbeat; socket.timeout when the worker is silent for

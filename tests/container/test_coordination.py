@@ -267,6 +267,27 @@ def test_a_second_connection_for_a_ready_host_cannot_take_it_over():
     assert results["127.0.0.2"] == FAILED
 
 
+def test_a_stranger_is_refused_at_once_while_the_name_service_stalls(monkeypatch):
+    """A container joining podman's network stalls its resolver for seconds; the CI run that
+    found this waited 10 s for a refusal. Once a worker's address is known, a stranger
+    claiming its name is refused without asking the name service again."""
+    port, results = free_port(), {}
+    leader = start_leader(port, workers=["127.0.0.2"])
+    thread = start_worker(port, "127.0.0.2", results)
+    leader.wait_ready(timeout=10)
+    stalled = threading.Event()
+    monkeypatch.setattr(coordination, "address_of", lambda host: stalled.wait(30) and host)
+    try:
+        with stranger(port) as fake:
+            fake.sendall(b"HELLO 127.0.0.2\n")
+            assert closed_without_a_word(fake, timeout=3)
+    finally:
+        stalled.set()
+        leader.finish(Outcome.success())
+        thread.join(timeout=5)
+    assert results["127.0.0.2"] == Outcome.success()
+
+
 def test_port_in_use_is_a_clear_error():
     with socket.create_server((LEADER, 0)) as taken:
         with pytest.raises(PlatformError, match="cannot listen on coordinator port"):
