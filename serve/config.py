@@ -6,6 +6,13 @@ knobs, which SageMaker does not know about, are prefixed `SERVE_`. A value that 
 or is out of range stops the server at start with a message naming the variable and the
 allowed range, instead of surfacing later as odd behaviour.
 
+A worker holds up to SERVE_THREADS requests; at most SERVE_MAX_QUEUE of them wait for the
+model, and one more is refused at once (503, Retry-After), so a flood is shed, not queued. The
+threads beyond the queue leave room for /ping and for bodies still arriving. The queue is as
+deep as 64 clients: gunicorn does not spread connections evenly over workers (a soak at
+concurrency 64 on two workers once put more than 48 waiting requests on one), and 64 clients
+must never be refused.
+
 | variable                          | default | meaning                                        |
 | --------------------------------- | ------- | ---------------------------------------------- |
 | SAGEMAKER_BIND_TO_PORT            | 8080    | TCP port to listen on (all interfaces)         |
@@ -14,9 +21,9 @@ allowed range, instead of surfacing later as odd behaviour.
 | SAGEMAKER_MODEL_SERVER_TIMEOUT    | 60      | seconds a request may wait for its prediction  |
 | SAGEMAKER_MAX_PAYLOAD_IN_MB       | 6       | largest request body; 0 = no limit             |
 | SAGEMAKER_MAX_CONCURRENT_TRANSFORMS | 8 per worker | advertised to batch transform  |
-| SERVE_THREADS                     | 64      | request threads per worker                     |
+| SERVE_THREADS                     | 80      | request threads per worker                     |
 | SERVE_MAX_BATCH_SIZE              | 128     | most instances in one model call               |
-| SERVE_MAX_QUEUE                   | 48      | requests waiting for the model, per worker     |
+| SERVE_MAX_QUEUE                   | 64      | requests waiting for the model, per worker     |
 | SERVE_DECODE_MB                   | 2 x payload limit | bodies decoded at once, per worker |
 """
 
@@ -47,12 +54,12 @@ class ServeConfig:
     ml_root: Path = DEFAULT_ML_ROOT
     port: int = 8080
     workers: int = 1
-    threads: int = 64
+    threads: int = 80
     timeout_s: int = 60
     max_payload_mb: int = 6
     max_concurrent_transforms: int = 0  # 0: TRANSFORMS_PER_WORKER per worker
     max_batch_size: int = 128
-    max_queue: int = 48
+    max_queue: int = 64
     decode_mb: int = 0  # 0: twice the payload limit (12 MB when there is no limit)
 
     def __post_init__(self) -> None:

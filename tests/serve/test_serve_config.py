@@ -18,8 +18,8 @@ def test_defaults_suit_sagemaker_and_the_host():
     config = config_from_env(Path("/opt/ml"), {})
     workers = default_workers(cpu_count(), gpu_count())
     assert config == ServeConfig(ml_root=Path("/opt/ml"), port=8080, workers=workers,
-                                 threads=64, timeout_s=60, max_payload_mb=6,
-                                 max_concurrent_transforms=0, max_batch_size=128, max_queue=48,
+                                 threads=80, timeout_s=60, max_payload_mb=6,
+                                 max_concurrent_transforms=0, max_batch_size=128, max_queue=64,
                                  decode_mb=0)
     assert config.model_dir == Path("/opt/ml/model")
     assert config.max_payload_bytes == 6 * 1024 * 1024
