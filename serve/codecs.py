@@ -237,7 +237,20 @@ def _describe_bad_row(rows: list[list[str]]) -> str:
 
 
 def _decode_csv(body: bytes, charset: str | None) -> np.ndarray:
-    rows = [line.split(",") for line in _lines(_text(body, charset))]
+    """numpy's C parser reads a table three times as fast as Python's split and float (0.2 vs
+    0.6 s for a 6 MB batch-transform body here), but it skips blank lines (warning when all
+    are) and names no line in its errors; when there is a blank line, or it refuses or drops
+    one, the Python parse decides, so the answer and each message are the same either way."""
+    lines = _lines(_text(body, charset))
+    if lines and all(lines):
+        try:
+            table = np.loadtxt(lines, delimiter=",", dtype=np.float64, comments=None, ndmin=2)
+        except ValueError:
+            pass
+        else:
+            if len(table) == len(lines):
+                return table
+    rows = [line.split(",") for line in lines]
     try:
         return np.array(rows, dtype=np.float64)  # float32's range is checked in validation
     except (ValueError, OverflowError):
