@@ -50,9 +50,10 @@ def tensorflow_threads(cpus: int) -> dict[str, str]:
             "OMP_NUM_THREADS": str(cpus)}
 
 
-def free_gpu(assigned: Collection[int], gpus: int) -> int:
-    """The GPU for a new worker: the lowest not held by a live worker (round robin if all are)."""
-    for gpu in range(gpus):
-        if gpu not in assigned:
-            return gpu
-    return len(assigned) % gpus
+def lowest_free(assigned: Collection[int], count: int) -> int:
+    """The lowest of `range(count)` not in `assigned` (round robin if all are): a new worker's
+    slot, which a worker that exited frees for its replacement."""
+    for index in range(count):
+        if index not in assigned:
+            return index
+    return len(assigned) % count

@@ -24,8 +24,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from serve.config import ServeConfig
-from serve.host import free_gpu, gpu_count
-from serve.keepalive import KeepAliveWorker
+from serve.host import gpu_count
+from serve.keepalive import COUNTS, KeepAliveWorker
 from serve.logs import logging_config
 
 GRACEFUL_TIMEOUT_S = 20
@@ -42,20 +42,18 @@ class NoAccessLogger(Logger):
     access_log_enabled = False
 
 
-def _pick_gpu(server: Any, worker: Any) -> None:
-    """In the master, before fork: the GPU no live worker holds."""
-    worker.gpu = free_gpu([getattr(w, "gpu", -1) for w in server.WORKERS.values()], gpu_count())
-
-
 def _pin_gpu(server: Any, worker: Any) -> None:
-    """In the worker, after fork and before TensorFlow is imported."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(worker.gpu)
+    """In the worker, after fork and before TensorFlow is imported: the GPU of its slot, which
+    the master gave it (ConnectionCounts.assign) as the lowest no live worker holds."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(worker.slot % gpu_count())
 
 
 def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
     """gunicorn's settings for `config`."""
-    gpu_hooks = {"pre_fork": _pick_gpu, "post_fork": _pin_gpu} if gpu_count() else {}
+    gpu_hooks = {"post_fork": _pin_gpu} if gpu_count() else {}
     return {**gpu_hooks,
+        "pre_fork": COUNTS.assign,
+        "child_exit": COUNTS.free,
         "bind": [f"0.0.0.0:{config.port}"],
         "workers": config.workers,
         "worker_class": KeepAliveWorker,

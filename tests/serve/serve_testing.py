@@ -100,6 +100,19 @@ class Server:
         wait_for(lambda: getattr(self.answer("GET", "/ping"), "status_code", 0) == 200,
                  f"/ping answering 200 (log: {self.log})")
 
+    def models_ready(self, workers: int) -> None:
+        """Wait until each of `workers` workers has said, on /metrics, that its model is ready:
+        /ping answers 200 as soon as one worker's is."""
+        ready: set[int] = set()
+
+        def all_ready() -> bool:
+            answer = self.answer("GET", "/metrics")
+            if answer is not None and answer.json()["model_ready"]:
+                ready.add(answer.json()["pid"])
+            return len(ready) == workers
+
+        wait_for(all_ready, f"the models of {workers} workers ready (log: {self.log})")
+
     def stop(self) -> int:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

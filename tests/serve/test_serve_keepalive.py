@@ -1,6 +1,7 @@
 """Kept-alive connections on the real server (serve.keepalive): a request thread that keeps a
-busy connection must never starve other connections, and a connection is served correctly
-whether its next request comes at once, after a pause, or pipelined behind the first."""
+busy connection must never starve other connections, a connection is served correctly
+whether its next request comes at once, after a pause, or pipelined behind the first, and
+connections opened at once are shared evenly by the workers."""
 
 from __future__ import annotations
 
@@ -8,25 +9,27 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 
 from serve.keepalive import LINGER_S
-from serve_testing import INSTANCES, Server, expected_probabilities, write_model
+from serve_testing import INSTANCES, Server, expected_probabilities, wait_for, write_model
 
 ROW = ",".join(str(v) for v in INSTANCES[0])
 
 
 @pytest.fixture(scope="module")
 def two_threads(tmp_path_factory):
-    """One worker with two request threads, so that three clients outnumber them."""
+    """Two workers with two request threads each, so that six clients outnumber them."""
     root = tmp_path_factory.mktemp("keepalive")
     write_model(root / "model")
-    server = Server(root, root / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="1",
+    server = Server(root, root / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="2",
                     SERVE_THREADS="2")
-    server.healthy()
+    server.models_ready(2)
     yield server
     server.stop()
 
@@ -86,6 +89,45 @@ def test_pipelined_requests_are_answered_in_order(two_threads):
         assert head.startswith(b"HTTP/1.1 200"), answer
         np.testing.assert_allclose(probabilities_from(body), expected_probabilities([row])[0],
                                    rtol=1e-5)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_connections_opened_at_once_are_shared_evenly_by_the_workers(two_threads, trial):
+    """64 clients connecting at once and each sending a request at once, as a load generator
+    or a load balancer's pool does. Every worker is woken for each new connection and the
+    first to accept it gets it; a kept-alive connection then stays with its worker for good,
+    so an uneven split (gunicorn's own was 45/19 to 53/11 here) makes the busier worker slow
+    for as long as the clients stay. Each connection asks which worker holds it. The workers
+    start idle: a connection being closed still counts until its worker has closed it."""
+    wait_for(lambda: not server_side_connections(two_threads.port),
+             "the workers to close the connections of earlier tests")
+    connections = [socket.create_connection(("127.0.0.1", two_threads.port), timeout=30)
+                   for _ in range(64)]
+    try:
+        for connection in connections:
+            connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        holders = Counter()
+        for connection in connections:
+            with connection.makefile("rb") as stream:
+                answer = read_answer(stream)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            holders[json.loads(answer.split(b"\r\n\r\n", 1)[1])["pid"]] += 1
+    finally:
+        for connection in connections:
+            connection.close()
+    assert len(holders) == 2 and max(holders.values()) - min(holders.values()) <= 8, holders
+
+
+def server_side_connections(port: int) -> list[str]:
+    """The kernel's TCP entries of connections the server on `port` still holds: established,
+    or closed by the client and not yet by the server (CLOSE_WAIT, LAST_ACK)."""
+    entries = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state in ("01", "08", "09"):
+                entries.append(line)
+    return entries
 
 
 def request(row: str = ROW) -> bytes:

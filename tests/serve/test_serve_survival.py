@@ -151,15 +151,7 @@ def small_limit(gated_root, tmp_path_factory):
     server = Server(gated_root, tmp_path_factory.mktemp("limit") / "serve.log",
                     SAGEMAKER_MODEL_SERVER_WORKERS="2", SAGEMAKER_MAX_PAYLOAD_IN_MB="1",
                     SAGEMAKER_MODEL_SERVER_TIMEOUT="600")
-    ready: set[int] = set()
-
-    def both_ready() -> bool:
-        answer = server.answer("GET", "/metrics")
-        if answer is not None and answer.json()["model_ready"]:
-            ready.add(answer.json()["pid"])
-        return len(ready) == 2
-
-    wait_for(both_ready, "both workers' models ready")
+    server.models_ready(2)
     yield server
     server.stop()
 
