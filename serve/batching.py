@@ -26,8 +26,9 @@ import enum
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ContextManager
 
 import numpy as np
 
@@ -72,8 +73,10 @@ class _Request:
 class MicroBatcher:
     """Coalesces concurrent `submit` calls into model calls of at most `max_batch_size` rows."""
 
-    def __init__(self, predict: Predict, max_batch_size: int, max_queue: int):
+    def __init__(self, predict: Predict, max_batch_size: int, max_queue: int,
+                 paused: Callable[[], ContextManager[None]] = nullcontext):
         self._predict = predict
+        self._paused = paused  # wraps each wait for the model and each model call
         self._max_batch_size = max_batch_size
         self._max_queue = max_queue
         self._lock = threading.Lock()
@@ -117,7 +120,9 @@ class MicroBatcher:
 
     def _wait(self, request: _Request) -> None:
         """Until the request is answered or must lead; TimeoutError at its deadline."""
-        if request.wake.wait(max(0.0, request.deadline - time.monotonic())):
+        with self._paused():
+            woken = request.wake.wait(max(0.0, request.deadline - time.monotonic()))
+        if woken:
             return
         with self._lock:
             if request.state is _State.QUEUED:
@@ -173,7 +178,8 @@ class MicroBatcher:
     def _answer(self, call: list[_Request]) -> None:
         try:
             batch = call[0].batch if len(call) == 1 else np.concatenate([r.batch for r in call])
-            outputs = self._predict_chunked(batch)
+            with self._paused():
+                outputs = self._predict_chunked(batch)
         except Exception as error:  # reported by each request's own thread
             if len(call) > 1:
                 for request in call:  # isolate the request that breaks the model

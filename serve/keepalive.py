@@ -16,19 +16,23 @@ workers publish how many connections each holds (`ConnectionCounts`), and one ho
 than the least busy other leaves it the new connection: it stops listening until it is no
 longer the busier or `DEFER_S` has passed, and then takes the next one whatever the counts, so
 a connection waits at most that long even when no other worker can take it.
-Everything else (timeouts, graceful shutdown, slow clients) is gunicorn's own.
+Each request is handled in its turn (serve.turns), and a connection's socket gives the turn
+away while it waits for its client (`_SocketOutOfTurn`). Everything else (timeouts, graceful
+shutdown) is gunicorn's own.
 """
 
 from __future__ import annotations
 
 import mmap
 import select
+import socket
 import time
 from typing import Any
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import _DEFER, DEFAULT_WORKER_DATA_TIMEOUT, ThreadWorker
 
 from serve.host import lowest_free
+from serve.turns import TURNS
 
 # Long enough for a client's next request on a connection it keeps busy (a round trip on the
 # network plus its own work), short enough that a quiet connection hardly holds a thread.
@@ -87,17 +91,55 @@ def _readable(sock, timeout_s: float) -> bool:
     return bool(poll.poll(timeout_s * 1000))
 
 
+class _SocketOutOfTurn:
+    """A connection's socket, whose reads and writes that would wait for the client let the
+    worker's next request take its turn meanwhile: a client that sends slowly, or reads its
+    answer slowly, holds back only its own request."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def recv(self, size: int) -> bytes:
+        if _readable(self._sock, 0):
+            return self._sock.recv(size)
+        with TURNS.paused():
+            return self._sock.recv(size)
+
+    def sendall(self, data: bytes) -> None:
+        try:
+            sent = self._sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            with TURNS.paused():
+                self._sock.sendall(memoryview(data)[sent:])
+
+
 class KeepAliveWorker(ThreadWorker):
     """`gthread`, where a request thread keeps a busy kept-alive connection, and a worker
     holding more connections than another leaves it the new ones."""
 
     slot = 0  # set by ConnectionCounts.assign in the master
 
+    def enqueue_req(self, conn):
+        if not isinstance(conn.sock, _SocketOutOfTurn):
+            conn.sock = _SocketOutOfTurn(conn.sock)
+        super().enqueue_req(conn)
+
     def handle(self, conn):
-        keep_alive = super().handle(conn)
+        """Each request in its turn (serve.turns); waiting for the client is out of turn."""
+        if not conn.initialized and not conn.data_ready:  # a new connection
+            if not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
+                return _DEFER  # gunicorn's loop waits for its first bytes
+        with TURNS.turn():
+            keep_alive = super().handle(conn)
         while keep_alive is True and self._may_linger() and (
                 conn.parser.unreader.buf.getvalue() or _readable(conn.sock, LINGER_S)):
-            keep_alive = super().handle(conn)
+            with TURNS.turn():
+                keep_alive = super().handle(conn)
         return keep_alive
 
     def _may_linger(self) -> bool:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Callable, ContextManager, Iterator
 
 
 class DecodeBudget:
@@ -30,18 +30,30 @@ class DecodeBudget:
         self._freed = threading.Condition()
 
     @contextmanager
-    def hold(self, size: int, deadline: float) -> Iterator[None]:
-        """Reserve `size` bytes for the block; raise TimeoutError at `deadline` (monotonic)."""
+    def hold(self, size: int, deadline: float,
+             waiting: Callable[[], ContextManager[None]] = nullcontext) -> Iterator[None]:
+        """Reserve `size` bytes for the block; raise TimeoutError at `deadline` (monotonic).
+        Only if it must wait for room, it waits inside `waiting` (serve.turns' pause)."""
         with self._freed:
-            if not self._freed.wait_for(lambda: self._held == 0
-                                        or self._held + size <= self.capacity,
-                                        timeout=max(0.0, deadline - time.monotonic())):
-                raise TimeoutError("no room to decode the body before the deadline")
-            self._held += size
-            self.peak_bytes = max(self.peak_bytes, self._held)
+            room = self._has_room(size)
+            if room:
+                self._take(size)
+        if not room:
+            with waiting(), self._freed:
+                if not self._freed.wait_for(lambda: self._has_room(size),
+                                            timeout=max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError("no room to decode the body before the deadline")
+                self._take(size)
         try:
             yield
         finally:
             with self._freed:
                 self._held -= size
                 self._freed.notify_all()
+
+    def _has_room(self, size: int) -> bool:
+        return self._held == 0 or self._held + size <= self.capacity
+
+    def _take(self, size: int) -> None:
+        self._held += size
+        self.peak_bytes = max(self.peak_bytes, self._held)

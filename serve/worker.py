@@ -12,11 +12,12 @@ import os
 from flask import Flask
 
 from serve.app import create_app
-from serve.batching import MicroBatcher
+from serve.batching import MicroBatcher, Predict
 from serve.config import ServeConfig
 from serve.host import cpu_count, tensorflow_threads
 from serve.limits import DecodeBudget
 from serve.model import Model
+from serve.turns import TURNS
 
 
 def build_worker_app(config: ServeConfig) -> Flask:
@@ -24,7 +25,13 @@ def build_worker_app(config: ServeConfig) -> Flask:
     for name, value in tensorflow_threads(cpu_count()).items():
         os.environ.setdefault(name, value)
     model = Model(config.model_dir)
-    batcher = MicroBatcher(model.predict, config.max_batch_size, config.max_queue)
-    app = create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes))
+    app = assemble_app(config, model, model.predict)
     model.load_in_background()
     return app
+
+
+def assemble_app(config: ServeConfig, model: Model, predict: Predict) -> Flask:
+    """The app and its parts: `predict` behind the batcher and the decode budget, each
+    letting the worker's next request take its turn (serve.turns) while it waits."""
+    batcher = MicroBatcher(predict, config.max_batch_size, config.max_queue, TURNS.paused)
+    return create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes), TURNS)

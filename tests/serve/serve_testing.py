@@ -18,10 +18,8 @@ import numpy as np
 import requests
 
 from container.network import free_port
-from serve.app import create_app
-from serve.batching import MicroBatcher
 from serve.config import ServeConfig
-from serve.limits import DecodeBudget
+from serve.worker import assemble_app
 
 INPUT_SHAPE = (2, 2)
 CLASSES = ["cat", "dog", "bird"]
@@ -55,8 +53,7 @@ def write_model(model_dir: Path, metadata: dict = METADATA) -> Path:
 
 def app_for(config: ServeConfig, model, predict=None):
     """The app a worker builds for `model` (its forward pass replaced by `predict` if given)."""
-    batcher = MicroBatcher(predict or model.predict, config.max_batch_size, config.max_queue)
-    return create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes))
+    return assemble_app(config, model, predict or model.predict)
 
 
 SERVE = Path(sys.executable).parent / "serve"

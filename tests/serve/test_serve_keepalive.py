@@ -118,6 +118,53 @@ def test_connections_opened_at_once_are_shared_evenly_by_the_workers(two_threads
     assert len(holders) == 2 and max(holders.values()) - min(holders.values()) <= 8, holders
 
 
+def metrics_pid(connection: socket.socket, stream) -> int:
+    connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+    return json.loads(read_answer(stream).split(b"\r\n\r\n", 1)[1])["pid"]
+
+
+def test_a_client_slow_to_send_or_to_read_holds_back_no_other_request(two_threads):
+    """A worker's requests take turns at their Python work (serve.turns); a request whose
+    client stops sending its body, or stops reading a large answer, must give its turn away
+    while it waits, or every other request on its worker waits with it."""
+    slow = socket.create_connection(("127.0.0.1", two_threads.port), timeout=30)
+    slow_stream = slow.makefile("rb")
+    worker = metrics_pid(slow, slow_stream)
+    others = []  # connections until one is on the same worker
+    while len(others) < 40 and (not others or others[-1][2] != worker):
+        connection = socket.create_connection(("127.0.0.1", two_threads.port), timeout=5)
+        stream = connection.makefile("rb")
+        others.append((connection, stream, metrics_pid(connection, stream)))
+    other, other_stream, pid = others[-1]
+    assert pid == worker, "no second connection reached the slow client's worker"
+
+    def answered_meanwhile() -> None:
+        for _ in range(5):
+            other.sendall(request())  # times out after 5 s if held back
+            assert read_answer(other_stream).startswith(b"HTTP/1.1 200")
+
+    try:
+        half = len(request()) - len(ROW) // 2
+        slow.sendall(request()[:half])  # the body's second half never comes, for now
+        time.sleep(0.2)
+        answered_meanwhile()
+        slow.sendall(request()[half:])
+        assert read_answer(slow_stream).startswith(b"HTTP/1.1 200")
+
+        rows = "\n".join([ROW] * 60_000)  # a 1 MB body, a 7 MB answer the client leaves unread
+        slow.sendall(request(rows))
+        time.sleep(1)
+        answered_meanwhile()
+        answer = read_answer(slow_stream)
+        assert answer.startswith(b"HTTP/1.1 200") and len(answer) > 5_000_000
+    finally:
+        for connection, stream, _ in others:
+            stream.close()
+            connection.close()
+        slow_stream.close()
+        slow.close()
+
+
 def server_side_connections(port: int) -> list[str]:
     """The kernel's TCP entries of connections the server on `port` still holds: established,
     or closed by the client and not yet by the server (CLOSE_WAIT, LAST_ACK)."""
