@@ -76,7 +76,9 @@ class MicroBatcher:
     def __init__(self, predict: Predict, max_batch_size: int, max_queue: int,
                  paused: Callable[[], ContextManager[None]] = nullcontext):
         self._predict = predict
-        self._paused = paused  # wraps each wait for the model and each model call
+        # Wraps each wait for the model and each call with its hand-on: a leader that waited
+        # for its turn again before answering its batch and handing on would idle the model.
+        self._paused = paused
         self._max_batch_size = max_batch_size
         self._max_queue = max_queue
         self._lock = threading.Lock()
@@ -113,7 +115,8 @@ class MicroBatcher:
         if request.state is not _State.LEADING:
             self._wait(request)
         if request.state is _State.LEADING:
-            self._lead(request)
+            with self._paused():
+                self._lead(request)
         if request.error is not None:
             raise request.error
         return request.outputs
@@ -178,8 +181,7 @@ class MicroBatcher:
     def _answer(self, call: list[_Request]) -> None:
         try:
             batch = call[0].batch if len(call) == 1 else np.concatenate([r.batch for r in call])
-            with self._paused():
-                outputs = self._predict_chunked(batch)
+            outputs = self._predict_chunked(batch)
         except Exception as error:  # reported by each request's own thread
             if len(call) > 1:
                 for request in call:  # isolate the request that breaks the model

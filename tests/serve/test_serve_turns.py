@@ -6,6 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
+from serve.batching import MicroBatcher
 from serve.limits import DecodeBudget
 from serve.turns import Turns
 
@@ -116,3 +119,38 @@ def test_a_request_waiting_for_room_to_decode_lets_the_next_go():
     for thread in threads:
         thread.join(10)
     assert events == ["next ran", "small decoded"]
+
+
+def test_a_model_call_runs_out_of_turn():
+    """The request leading a model call gives its turn away for the call and for answering
+    its batch: other requests decode meanwhile, and the model never idles while the leader
+    waits for its turn to come round again."""
+    turns, release, calls = Turns(), threading.Event(), []
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        calls.append(len(batch))
+        release.wait(10)
+        return batch * 2
+
+    batcher = MicroBatcher(predict, max_batch_size=16, max_queue=16, paused=turns.paused)
+    answers = {}
+
+    def request(name: str, value: float) -> None:
+        with turns.turn():
+            answers[name] = batcher.submit(np.array([[value]], np.float32),
+                                           time.monotonic() + 10)
+
+    leader = threading.Thread(target=request, args=("leader", 1.0))
+    leader.start()
+    wait_until(lambda: calls == [1])  # its call runs...
+    took_a_turn = threading.Event()
+
+    def other() -> None:
+        with turns.turn():  # ...and another request has a turn meanwhile
+            took_a_turn.set()
+
+    threading.Thread(target=other).start()
+    assert took_a_turn.wait(5)
+    release.set()
+    leader.join(10)
+    assert answers["leader"].tolist() == [[2.0]]
