@@ -143,6 +143,7 @@ COPY scripts/docker-entrypoint.sh /usr/local/bin/docker-entrypoint
 # The project last: a code change rebuilds only these layers.
 WORKDIR /opt/program
 COPY pyproject.toml ./
+COPY job ./job
 COPY container ./container
 COPY train ./train
 COPY serve ./serve

@@ -20,9 +20,9 @@ train: setup
 train-images: setup
 	$(PY) scripts/default_job.py --data images --model mobilenet_v2 --epochs 3
 
-## The whole test suite (what CI runs).
-test: setup container-setup
-	$(PY) -m pytest -q
+## The whole test suite (what CI runs), in timed phases: set-up, image build, unit, container.
+test:
+	bash scripts/test_phases.sh
 
 ## The inner loop: every test but the container ones (no image build, no podman).
 test-unit: setup
@@ -73,11 +73,11 @@ push: container-setup
 
 # --- SageMaker operator tools ---------------------------------------------------------
 # Each verb takes its options in ARGS; add --dry-run to print the requests and send nothing,
-# --wait to follow status and logs. `$(PY) -m scripts.sagemaker VERB --help` lists them all.
+# --wait to follow status and logs. `.venv/bin/sagemaker-ops VERB --help` lists them all.
 #   make sagemaker-train ARGS="--image URI --role ARN --output-path s3://bucket/out \
 #                              --channel train=s3://bucket/train/ --dry-run"
 .PHONY: sagemaker-train sagemaker-register sagemaker-deploy sagemaker-transform
-SAGEMAKER_TOOL := $(PY) -m scripts.sagemaker
+SAGEMAKER_TOOL := $(VENV)/bin/sagemaker-ops
 
 ## Launch a training job with this image (CreateTrainingJob).
 sagemaker-train: setup
@@ -106,11 +106,11 @@ test-serve: setup
 
 ## Requests/s and p50/p99 (wrk) of serve vs a careful BYOC server, MLP and CNN, c=1..64.
 bench-serve: setup
-	$(PY) scripts/bench_serve.py
+	$(PY) -m bench.serving
 
 ## Minutes of mixed valid/invalid traffic at c=64 plus slow clients: no 5xx, answers, memory.
 soak-serve: setup
-	$(PY) scripts/bench_serve.py --soak
+	$(PY) -m bench.serving --soak
 
 # --- training performance benchmarks --------------------------------------------------
 # One table (metric, this project, reference, ratio, target, met) on stdout; the full results
@@ -118,15 +118,15 @@ soak-serve: setup
 # item 7 (data at scale) 5-12 more.
 # Item 4 runs on the local compose cluster when the image exists (BENCH_IMAGE, by default the
 # one `make build` makes), else on two launchers on 127.0.0.1/127.0.0.2; the table names which.
-# See scripts/bench/runner.py.
+# See bench/runner.py.
 .PHONY: bench bench-tiny
 BENCH_IMAGE ?=
 BENCH_ARGS ?=
 
 ## Allreduce busbw, trainer scaling, accumulation, cluster overhead, input, peak RSS.
 bench: setup
-	$(PY) -m scripts.bench $(if $(BENCH_IMAGE),--image $(BENCH_IMAGE)) $(BENCH_ARGS)
+	$(PY) -m bench $(if $(BENCH_IMAGE),--image $(BENCH_IMAGE)) $(BENCH_ARGS)
 
 ## The same at a tiny size (about a minute idle): checks that every benchmark runs.
 bench-tiny: setup
-	$(PY) -m scripts.bench --tiny $(if $(BENCH_IMAGE),--image $(BENCH_IMAGE)) $(BENCH_ARGS)
+	$(PY) -m bench --tiny $(if $(BENCH_IMAGE),--image $(BENCH_IMAGE)) $(BENCH_ARGS)

@@ -36,10 +36,10 @@ import threading
 import time
 from typing import Callable
 
-from container.errors import PlatformError, TrainError
+from job.errors import PlatformError, TrainError
 from container.failure import Outcome
 from container.network import address_of
-from container.protocol import FailureKind
+from job.protocol import FailureKind
 
 HEARTBEAT_INTERVAL = 1.0
 MAX_LINE = 64 * 1024

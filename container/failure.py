@@ -5,7 +5,7 @@ name the failing host, rank and exit code and that rank's last error line, not M
 boilerplate. Two sources feed it:
 
 - the rank side prints one failure report when it fails (train.rank, in the format of
-  container.protocol), which mpirun forwards to the leader tagged with the rank
+  job.protocol), which mpirun forwards to the leader tagged with the rank
   (`--tag-output`); it carries the kind of failure, which decides the exit code;
 - mpirun's own messages say which process it saw die first, with what code or signal, and
   which daemon (host) it lost.
@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from container.paths import MlPaths
-from container.protocol import FailureKind, RankFailure, exit_code, parse_rank_failure
+from job.paths import MlPaths
+from job.protocol import FailureKind, RankFailure, exit_code, parse_rank_failure
 
 FAILURE_LIMIT = 1024
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from container.errors import ConfigError
+from job.errors import ConfigError
 
 # Instance families with Elastic Fabric Adapter: libfabric must be told to use it.
 EFA_FAMILIES = ("ml.p4d.", "ml.p4de.", "ml.p5.", "ml.p5e.", "ml.p5en.", "ml.trn1.",

@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Callable, Iterable
 
-from container.errors import PlatformError
+from job.errors import PlatformError
 
 
 def poll_until(check: Callable[[str], bool], items: Iterable[str], timeout: float,

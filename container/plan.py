@@ -4,7 +4,7 @@
 interpreter, the environment) comes in as arguments, so `train --dry-run` and the golden tests
 see exactly the plan a real launch would execute. What each rank runs (the trainer's config
 and batch plan, or the script and its hyperparameters) is decided here once and travels to
-every rank in its environment (train.rank_job).
+every rank in its environment (job.rank_job).
 
 Ranks are placed with `-map-by slot` over the sorted host list, so rank r runs on
 hosts[r // processes_per_host]. Each rank derives its own host from that (the hosts and
@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from container import mpirun
-from container.errors import ConfigError
-from container.hyperparameters import decode
-from container.job_hyperparameters import JobHyperparameters
-from container.launch_config import LaunchConfig
-from container.sagemaker_config import JobConfig
+from job.errors import ConfigError
+from job.hyperparameters import decode
+from job.validated import JobHyperparameters
+from job.launch_config import LaunchConfig
+from job.sagemaker_config import JobConfig
 from container.source_dir import submit_directory
 from container.sshd import SshFiles, ssh_client_args
-from train.batching import BatchPlan, plan_batches
-from train.rank_job import RankJob
+from job.batching import BatchPlan, plan_batches
+from job.rank_job import RankJob
 
 BUILTIN_CHANNELS = ("train", "validation", "weights")
 # Horovod warns about a rank that stopped joining collectives after 60 s and shuts the job
@@ -164,7 +164,7 @@ def _check_builtin_channels(job: JobConfig) -> None:
 def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,
               runtime: Path, environ: Mapping[str, str]) -> LaunchPlan:
     """Check the rest of what the job says (its hyperparameters are `settings`, validated
-    once by container.job_hyperparameters) and decide exactly what will run."""
+    once by job.validated) and decide exactly what will run."""
     launch = settings.launch
     resources = job.resources
     cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,

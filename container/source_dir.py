@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import unquote, urlparse
 
-from container.errors import ConfigError
-from container.hyperparameters import decode
-from container.launch_config import LaunchConfig
-from container.sagemaker_config import JobConfig
+from job.errors import ConfigError
+from job.hyperparameters import decode
+from job.launch_config import LaunchConfig
+from job.sagemaker_config import JobConfig
 
 REQUIREMENTS = "requirements.txt"
 

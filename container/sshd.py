@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from container.errors import PlatformError
+from job.errors import PlatformError
 
 SSHD_CONFIG = """\
 # Written by the training launcher for this job only.

@@ -17,7 +17,7 @@ import threading
 from typing import Callable
 
 from container.failure import Outcome, OutputLog, summarize
-from container.protocol import FailureKind, parse_stopped
+from job.protocol import FailureKind, parse_stopped
 
 
 class StopSignals:

@@ -24,7 +24,7 @@ What it does, on every host of the job:
    <ml-root>/code with the SM_* environment and the hyperparameters as arguments.
 5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's
    orte_abort_on_non_zero_status) and every host exits with the same code, decided by the kind
-   of failure (container.protocol.exit_code: 2 configuration or data, 3 cluster, 143 stopped,
+   of failure (job.protocol.exit_code: 2 configuration or data, 3 cluster, 143 stopped,
    else the rank's own). <ml-root>/output/failure starts with the root cause on every host:
    the failing host, rank and that rank's error.
 6. SIGTERM: forwarded to the ranks, which save a checkpoint and stop; see
@@ -47,14 +47,14 @@ from pathlib import Path
 
 from container import network, source_dir, sshd
 from container.coordination import Leader, follow_leader
-from container.errors import TrainError
+from job.errors import TrainError
 from container.failure import Outcome, write_failure
 from container.init import become_init
-from container.job_hyperparameters import validate_hyperparameters
-from container.paths import DEFAULT_ML_ROOT, MlPaths
+from job.validated import validate_hyperparameters
+from job.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import LaunchPlan, make_plan
-from container.protocol import FailureKind, Mark, mark_line
-from container.sagemaker_config import read_job_config
+from job.protocol import FailureKind, Mark, mark_line
+from job.sagemaker_config import read_job_config
 from container.supervisor import run_mpirun
 
 

@@ -9,7 +9,7 @@
   network alias on one network (`sagemaker-local`, prefixed by the compose project),
   `command: train`, TRAINING_JOB_NAME in the environment;
 - per host algo-i/: input/config/{resourceconfig,hyperparameters,inputdataconfig}.json
-  (written by container.sagemaker_config.write_job_config, as SageMaker writes them; the
+  (written by job.sagemaker_config.write_job_config, as SageMaker writes them; the
   interface is the container's: eth0 on a compose network), output/, model/ and
   checkpoints/, bind-mounted at /opt/ml/... in that host's container.
 - channels: every sub-folder of --data is a channel, mounted read-only at
@@ -17,7 +17,7 @@
   named by --sharded, split across the hosts file by file in sorted order, round robin
   (an imitation of ShardedByS3Key: with more hosts than files some hosts get nothing).
 - hyperparameters: a JSON file (--hyperparameters) and/or --hp key=value (kept as the raw
-  string); values are written as container.hyperparameters.encode writes them.
+  string); values are written as job.hyperparameters.encode writes them.
 
 `train` then runs `<compose> up --abort-on-container-exit` (docker compose with a Docker
 daemon, else podman-compose; see scripts/engine.sh), waits for every container to exit,
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from container.paths import MlPaths
-from container.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
+from job.paths import MlPaths
+from job.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
 
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = "sagemaker-local"

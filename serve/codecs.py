@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from serve.errors import BadInput, NotAcceptable, UnsupportedContentType
-from serve.signature import SIGNATURE, ModelInterface
+from job.signature import SIGNATURE, ModelInterface
 
 JSON = "application/json"
 CSV = "text/csv"

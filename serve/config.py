@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from container.paths import DEFAULT_ML_ROOT
+from job.paths import DEFAULT_ML_ROOT
 from serve.host import cpu_count, default_workers, gpu_count
 
 # Batch transform's default concurrency per worker. Enough requests in flight to keep the model

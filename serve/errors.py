@@ -40,7 +40,3 @@ class ModelUnavailable(RequestError):
     """The model is still loading, failed to load, or did not answer in time."""
 
     status = 503
-
-
-class ModelLoadError(Exception):
-    """The model directory cannot be served; the message says what is missing or wrong."""

@@ -35,9 +35,9 @@ from typing import Callable
 
 import numpy as np
 
-from serve.errors import ModelLoadError, ModelUnavailable
-from serve.metadata import METADATA_FILE, ModelMetadata
-from serve.signature import (SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec,
+from serve.errors import ModelUnavailable
+from job.metadata import METADATA_FILE, ModelLoadError, ModelMetadata
+from job.signature import (SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec,
                              pack_outputs)
 
 log = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ class Model:
         return pack_outputs({name: outputs[name].numpy() for name in self.interface.outputs})
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        """The model's outputs for a validated batch (see serve.signature)."""
+        """The model's outputs for a validated batch (see job.signature)."""
         return self._run(self.interface.feed(batch))
 
     def load_in_background(self) -> threading.Thread:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from serve.errors import BadInput
-from serve.signature import ModelInterface, TensorSpec
+from job.signature import ModelInterface, TensorSpec
 
 
 def _expected(spec: TensorSpec) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from container.paths import MlPaths
-from container.sagemaker_config import JobConfig, ResourceConfig, write_job_config
+from job.paths import MlPaths
+from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
 from scripts.digits_files import write_digits
 

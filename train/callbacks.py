@@ -9,7 +9,7 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 from mpi4py import MPI
 
-from container.protocol import metrics_line
+from job.protocol import metrics_line
 from train.rank import StopRequest, emit
 
 

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import numpy as np
 
-from container.errors import ConfigError
+from job.errors import ConfigError
 
 CSV, NPZ, TFRECORD, IMAGE = "CSV", "NPZ", "TFRecord", "image"
 EXTENSIONS = {".csv": CSV, ".npz": NPZ, ".tfrecord": TFRECORD, ".tfrecords": TFRECORD,

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
-from container.paths import MlPaths
+from job.paths import MlPaths
 from train.callbacks import StopOnRequest
 from train.export import export_model
 from train.runtime import start_horovod

@@ -1,7 +1,7 @@
 """What rank 0 leaves behind: the model for the inference server, and the training history.
 
 /opt/ml/model/model/1/       a portable TensorFlow SavedModel (no optimizer: it only predicts)
-/opt/ml/model/metadata.json  its classes and format (serve.metadata.ModelMetadata)
+/opt/ml/model/metadata.json  its classes and format (job.metadata.ModelMetadata)
 /opt/ml/output/data/history.json and history.png   the per-epoch curves
 
 The SavedModel carries a `serving_default` signature with one named input, `inputs` (batch
@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from serve.metadata import SAVEDMODEL_PATH, ModelMetadata
-from serve.signature import SIGNATURE
+from job.metadata import SAVEDMODEL_PATH, ModelMetadata
+from job.signature import SIGNATURE
 from train.plot import history_png
 
 INPUT_NAME = "inputs"

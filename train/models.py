@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from train.hyperparameters import TrainerConfig
+from job.trainer_config import TrainerConfig
 
 
 def _normalise(inputs: tf.Tensor, mean: np.ndarray, variance: np.ndarray) -> tf.Tensor:

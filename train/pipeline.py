@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from train import images
 from train.data import CSV, IMAGE, NPZ, TFRECORD, ChannelFiles, DataError, csv_chunks, npz_chunks
-from train.hyperparameters import TrainerConfig
+from job.trainer_config import TrainerConfig
 from train.records import TFRecordShards
 from train.sharding import Share
 

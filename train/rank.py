@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from container.errors import PlatformError
-from container.paths import DEFAULT_ML_ROOT, MlPaths
-from container.protocol import rank_failure
+from job.errors import PlatformError
+from job.paths import DEFAULT_ML_ROOT, MlPaths
+from job.protocol import rank_failure
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """The built-in trainer's rank program: `python -m mpi4py -m train.rank_main`.
 
-It runs the trainer config and batch plan that the launcher validated (train.rank_job).
+It runs the trainer config and batch plan that the launcher validated (job.rank_job).
 """
 
 from __future__ import annotations
 
 import gc
 
-from container.errors import ConfigError
+from job.errors import ConfigError
 from train.rank import RankContext, run_rank
-from train.rank_job import read_rank_job
+from job.rank_job import read_rank_job
 
 
 def main(context: RankContext) -> None:

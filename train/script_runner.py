@@ -6,7 +6,7 @@ The script gets the SM_* environment that the sagemaker-training toolkit defines
 toolkit's own code, for this rank's host: SM_CURRENT_HOST is this rank's host, never the
 leader's), the hyperparameters as `--name value` arguments, and runs as `__main__` with its
 folder on sys.path, so a script written for AWS's containers runs unmodified. The
-hyperparameters come from the job the launcher validated (train.rank_job), never from
+hyperparameters come from the job the launcher validated (job.rank_job), never from
 hyperparameters.json again.
 """
 
@@ -17,9 +17,9 @@ import runpy
 import sys
 from pathlib import Path
 
-from container.sagemaker_config import read_channels, read_resources
+from job.sagemaker_config import read_channels, read_resources
 from train.rank import RankContext, run_rank
-from train.rank_job import RankJob, read_rank_job
+from job.rank_job import RankJob, read_rank_job
 
 
 def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:

@@ -15,17 +15,17 @@ import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
-from container.errors import PlatformError
-from container.sagemaker_config import Channel, read_channels
-from container.protocol import Mark, mark_line, stopped_line
+from job.errors import PlatformError
+from job.sagemaker_config import Channel, read_channels
+from job.protocol import Mark, mark_line, stopped_line
 from train import distributed
 from train.accumulation import AccumulatingModel
-from train.batching import BatchPlan
+from job.batching import BatchPlan
 from train.callbacks import Checkpointer, EpochReport, StopOnRequest
 from train.checkpoints import CheckpointStore
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
-from train.hyperparameters import TrainerConfig
+from job.trainer_config import TrainerConfig
 from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
 from train.pipeline import (Source, evaluation_input, label_lookup, moments,
@@ -164,7 +164,7 @@ def verify_identical_weights(model: tf.keras.Model) -> None:
 
 
 def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
-    """Train with the config and batch plan that the launcher validated (train.rank_job)."""
+    """Train with the config and batch plan that the launcher validated (job.rank_job)."""
     distributed.init()
     if hvd.size() != plan.world_size:
         raise PlatformError(f"Horovod sees {hvd.size()} ranks but the launcher planned "

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from scripts.bench import allreduce, cluster, jobs, training
-from scripts.bench.results import Measurement, Target, markdown_table, report, text_table
-from scripts.bench.runner import BenchConfig, parse_arguments
-from scripts.bench.sizes import FULL, TINY
+from bench import allreduce, cluster, jobs, training
+from bench.results import Measurement, Target, markdown_table, report, text_table
+from bench.runner import BenchConfig, parse_arguments
+from bench.sizes import FULL, TINY
 
 
 def test_busbw_is_nccl_tests_definition():

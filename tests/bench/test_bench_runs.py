@@ -19,7 +19,7 @@ BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when i
 def tiny_run(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     done = subprocess.run(
-        [sys.executable, "-m", "scripts.bench", "--tiny", "--cluster", "loopback",
+        [sys.executable, "-m", "bench", "--tiny", "--cluster", "loopback",
          "--results", str(results), "--workdir", str(tmp_path_factory.mktemp("work"))],
         cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
     return done, results

@@ -1,9 +1,9 @@
 """Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
 
-from container.errors import ConfigError
+from job.errors import ConfigError
 from container.failure import FAILURE_LIMIT, Outcome, OutputLog, summarize, write_failure
-from container.paths import MlPaths
-from container.protocol import FailureKind, rank_failure
+from job.paths import MlPaths
+from job.protocol import FailureKind, rank_failure
 
 HOSTS = ["algo-1", "algo-2"]
 

@@ -4,15 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from container.errors import ConfigError
-from container.job_hyperparameters import validate_hyperparameters
+from job.errors import ConfigError
+from job.validated import validate_hyperparameters
 from container.mpirun import merge_options, parse_options
-from container.paths import MlPaths
+from job.paths import MlPaths
 from container.plan import make_plan
-from container.sagemaker_config import Channel, JobConfig, ResourceConfig
-from train.batching import BatchPlan
-from train.hyperparameters import TrainerConfig
-from train.rank_job import RankJob
+from job.sagemaker_config import Channel, JobConfig, ResourceConfig
+from job.batching import BatchPlan
+from job.trainer_config import TrainerConfig
+from job.rank_job import RankJob
 
 PYTHON = "/venv/bin/python"
 ENV = {"PATH": "/venv/bin:/usr/bin"}

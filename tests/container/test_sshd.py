@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from container import sshd
-from container.errors import PlatformError
+from job.errors import PlatformError
 from container.network import free_port
 
 

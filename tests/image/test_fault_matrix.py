@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_cluster, local_cluster, unique, wait_for_log
-from scripts.bench.cluster import container_times, timestamped_logs
+from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
 

@@ -13,8 +13,8 @@ import pytest
 from serve_testing import INSTANCES, METADATA, app_for, expected_probabilities
 
 from serve.config import ServeConfig
-from serve.errors import ModelLoadError
-from serve.metadata import ModelMetadata
+from job.metadata import ModelLoadError
+from job.metadata import ModelMetadata
 from serve.model import Model, _flat_call
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from serve.config import ServeConfig
-from serve.errors import ModelLoadError
+from job.metadata import ModelLoadError
 from serve.model import Model
 from serve_testing import app_for
 

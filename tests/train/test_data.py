@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from scripts.digits_files import split, write_digits
 from train.data import DataError, csv_chunks, list_channel
-from train.hyperparameters import TrainerConfig
+from job.trainer_config import TrainerConfig
 from train.pipeline import Table, moments, open_source
 from train.sharding import Share, assign, readers
 

@@ -99,9 +99,9 @@ import json, os
 import numpy as np
 import tensorflow as tf
 from train import distributed
-from train.batching import plan_batches
+from job.batching import plan_batches
 from train.trainer import compile_for_training
-from train.hyperparameters import TrainerConfig
+from job.trainer_config import TrainerConfig
 from train.schedule import WarmupSchedule
 
 distributed.init()

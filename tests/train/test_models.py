@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train.hyperparameters import TrainerConfig
+from job.trainer_config import TrainerConfig
 from train.models import BUILDERS, initial_weights_file, load_initial_weights
 
 SHAPE = (32, 32, 3)

@@ -1,0 +1,1 @@
+"""Training performance benchmarks: `make bench` / `python -m bench`."""

@@ -1,0 +1,210 @@
+"""`make bench`: run the training benchmarks, print one table, write it as JSON.
+
+    python -m bench [--tiny] [--only 1,2,3,4,5,6] [--results results]
+                            [--workdir build/bench] [--cluster auto|containers|loopback]
+                            [--image NAME] [--mpi-options "..."]
+
+Items (see each module's docstring for the method):
+  1 allreduce bus bandwidth, Horovod vs MPI_Allreduce vs memory copy  (bench.allreduce)
+  2 scaling efficiency of the trainer, 2 ranks vs 1                   (bench.training)
+  3 gradient accumulation cost, k micro-batches vs one big batch      (bench.training,
+    and its ceiling: the model's matrix products at both sizes          bench.kernels)
+  4 cluster startup overhead and teardown, 2 hosts                    (bench.cluster)
+  5 input: channel reader and tf.data vs trainer consumption         (bench.input_pipeline)
+  6 peak RSS per rank and of the serving worker                       (bench.memory)
+  7 data at scale: RSS on a 4x channel, image input, TFRecord vs CSV  (bench.data_scale)
+
+Output: the table on stdout (progress and the exact commands on stderr), the full results
+(every repeat, machine, load average, date) in RESULTS/bench-<date>.json and
+RESULTS/bench-latest.json, the table as Markdown in RESULTS/bench-latest.md. `--tiny` runs
+every item at a size that finishes in about a minute (what tests/bench checks); its files are
+named bench-tiny-*. `--mpi-options` adds mpirun options to every trainer and allreduce run
+(e.g. to try a fix: "-x HOROVOD_CYCLE_TIME=5"). Exit status 1 when an item failed to run
+(a missed target is a result, not a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import allreduce, cluster, data_scale, memory, training
+from bench.launch import PYTHON, REPO, log, run
+from bench.results import (Measurement, Target, markdown_table, report, text_table,
+                                   write_report)
+from bench.sizes import FULL, TINY, Sizes
+from scripts.local_cluster import DEFAULT_IMAGE
+
+ITEMS = (1, 2, 3, 4, 5, 6, 7)
+NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
+              "the median of repeats and the load average at each run's start is in the JSON.")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    tiny: bool
+    items: tuple[int, ...]
+    results: Path
+    workdir: Path
+    cluster_mode: str
+    image: str
+    mpi_options: str
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.items) - set(ITEMS))
+        if unknown or not self.items:
+            raise ValueError(f"Unknown item(s): {unknown or 'none given'}. Choose between "
+                             f"{', '.join(map(str, ITEMS))}.")
+        if self.cluster_mode not in ("auto", *cluster.MODES):
+            raise ValueError(f"Unknown cluster mode: {self.cluster_mode}. Choose between "
+                             f"auto, {', '.join(cluster.MODES)}.")
+
+    @property
+    def sizes(self) -> Sizes:
+        return TINY if self.tiny else FULL
+
+
+def parse_arguments(argv: list[str] | None) -> BenchConfig:
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="every item at a tiny size")
+    parser.add_argument("--only", default=",".join(map(str, ITEMS)),
+                        help="comma-separated items to run (default: all)")
+    parser.add_argument("--results", type=Path, default=REPO / "results")
+    parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
+    parser.add_argument("--cluster", default="auto", help="auto, containers or loopback")
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="the image item 4 runs in containers (make build)")
+    parser.add_argument("--mpi-options", default="", help="extra mpirun options")
+    args = parser.parse_args(argv)
+    try:
+        items = tuple(int(item) for item in args.only.split(",") if item.strip())
+        return BenchConfig(tiny=args.tiny, items=items, results=args.results,
+                           workdir=args.workdir.resolve(), cluster_mode=args.cluster,
+                           image=args.image, mpi_options=args.mpi_options)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def failed(item: int, what: str, error: Exception) -> Measurement:
+    traceback.print_exc()
+    return Measurement(item=item, metric=what, unit="", value=None,
+                       note=f"FAILED: {type(error).__name__}: {str(error).splitlines()[0]}"
+                            if str(error) else f"FAILED: {type(error).__name__}",
+                       details={"error": str(error)[-3000:]})
+
+
+def input_rows(config: BenchConfig, consumption: float | None) -> list[Measurement]:
+    sizes = config.sizes
+    out = config.workdir / "input.json"
+    run([PYTHON, "-m", "bench.input_pipeline", str(out), str(config.workdir / "input"),
+         str(sizes.reader_samples), str(sizes.features), str(sizes.per_device_batch),
+         str(sizes.pipeline_batches), "3"], timeout=300, what="input pipeline",
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    raw = json.loads(out.read_text())
+    rows = []
+    for name in ("csv", "npz"):
+        entry = raw["reader"][name]
+        rows.append(Measurement(
+            item=5, metric=f"channel reader, {name.upper()} ({sizes.features} features)",
+            unit="samples/s", value=entry["median"], reference=consumption,
+            reference_name="trainer consumption", target=Target("ratio", ">=", 10.0),
+            samples=tuple(entry["samples_per_sec"]),
+            note=f"{entry['file_bytes'] / 1e3:,.0f} kB file", details=entry))
+    entry = raw["pipeline"]
+    rows.append(Measurement(
+        item=5, metric=f"tf.data training_input, batch {entry['batch']}", unit="samples/s",
+        value=entry["median"], reference=consumption, reference_name="trainer consumption",
+        target=Target("ratio", ">=", 10.0), samples=tuple(entry["samples_per_sec"]),
+        details=entry))
+    return rows
+
+
+class Items:
+    """Runs the items in dependency order; a failing item becomes a FAILED row, never a crash,
+    and each item's wall time is kept for the JSON."""
+
+    def __init__(self, config: BenchConfig):
+        self.config = config
+        self.rows: list[Measurement] = []
+        self.seconds: dict[int, float] = {}
+
+    def attempt(self, item: int, what: str, measure) -> None:
+        if item not in self.config.items:
+            return
+        started = time.perf_counter()
+        try:
+            result = measure()
+            self.rows += result if isinstance(result, list) else [result]
+        except Exception as error:
+            self.rows.append(failed(item, what, error))
+        self.seconds[item] = round(self.seconds.get(item, 0) + time.perf_counter() - started, 1)
+
+
+def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]:
+    sizes, workdir, extra = config.sizes, config.workdir, config.mpi_options
+    workdir.mkdir(parents=True, exist_ok=True)
+    items = Items(config)
+    trainer: dict = {"consumption": [], "rank_peaks": [], "model_root": None}
+
+    def scaling() -> list[Measurement]:
+        rows, one, two = training.scaling(sizes, workdir / "scaling", extra)
+        trainer["consumption"] += [one.throughput(), two.throughput()]
+        trainer["rank_peaks"] = two.rank_peaks()
+        trainer["model_root"] = workdir / "scaling" / "1rank-0" / "job0"
+        return rows
+
+    def accumulation() -> list[Measurement]:
+        rows, whole = training.accumulation(sizes, workdir / "accumulation", extra)
+        trainer["consumption"] += [rows[0].value, whole.throughput()]
+        return rows
+
+    def input_pipeline() -> list[Measurement]:
+        known = [c for c in trainer["consumption"] if c]
+        return input_rows(config, max(known) if known else None)
+
+    items.attempt(1, "allreduce busbw", lambda: allreduce.measure(
+        sizes.allreduce_bytes, sizes.allreduce_repeats, workdir / "allreduce", extra))
+    if 6 in config.items and 2 not in config.items:  # item 6 measures item 2's ranks
+        items.attempt(6, "scaling runs for peak RSS", scaling)
+        items.rows = [row for row in items.rows if row.item != 2]
+    items.attempt(2, "scaling efficiency", scaling)
+    items.attempt(3, "accumulation cost", accumulation)
+    items.attempt(5, "input pipeline", input_pipeline)
+    items.attempt(6, "peak RSS", lambda: memory.measure(
+        trainer["rank_peaks"], trainer["model_root"], sizes.features, sizes.serve_requests))
+    items.attempt(7, "data at scale", lambda: data_scale.measure(sizes, workdir / "data"))
+    items.attempt(4, "cluster overhead", lambda: cluster.measure(
+        sizes, workdir / "cluster", mode=config.cluster_mode, image=config.image))
+    return sorted(items.rows, key=lambda m: m.item), items.seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_arguments(argv)
+    started = time.time()
+    log(f"{'tiny' if config.tiny else 'full'} run of items "
+        f"{', '.join(map(str, config.items))}; work in {config.workdir}")
+    rows, seconds = run_items(config)
+    notes = [NOISE_NOTE] + ([f"extra mpirun options: {config.mpi_options}"]
+                            if config.mpi_options else [])
+    data = report(rows, tiny=config.tiny, started=started, notes=notes)
+    data["item_seconds"] = seconds
+    path = write_report(data, config.results)
+    (config.results / f"bench{'-tiny' if config.tiny else ''}-latest.md").write_text(
+        markdown_table(rows) + "\n")
+    print(text_table(rows))
+    for row in rows:
+        if row.note:
+            print(f"  [{row.item}] {row.metric}: {row.note}")
+    print(f"{NOISE_NOTE}\nbench: {len(rows)} rows in {data['seconds']:.0f} s; written to "
+          f"{path}", flush=True)
+    return 1 if any(row.note.startswith("FAILED") for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

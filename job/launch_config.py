@@ -1,0 +1,66 @@
+"""The launcher's own hyperparameters: how the cluster is formed, not what is trained.
+
+These keys are consumed by the launcher and never reach the rank program or a user's script.
+The SageMaker training toolkit's names are accepted as aliases so jobs written for AWS's
+framework containers keep working. Any other `sagemaker_*` key (the SDK adds several, such as
+sagemaker_job_name or sagemaker_region) is consumed and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from job.hyperparameters import hp, parse
+
+SDK_PREFIX = "sagemaker_"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Cluster formation settings, each a hyperparameter of the job."""
+
+    processes_per_host: int = hp(
+        0, "Ranks per host; 0 = one per visible GPU, or 1 on CPU-only hosts.",
+        minimum=0, maximum=1024, aliases=("sagemaker_mpi_num_of_processes_per_host",))
+    mpi_options: str = hp(
+        "", "Extra mpirun options, e.g. \"-x NCCL_DEBUG=WARN -mca btl_tcp_if_include eth1\"; "
+        "an option given here replaces the launcher's default for the same key.",
+        aliases=("sagemaker_mpi_custom_mpi_options",))
+    program: str = hp(
+        "", "Script mode: a Python file under /opt/ml/code to run on every rank instead of "
+        "the built-in trainer (also read from SAGEMAKER_PROGRAM).",
+        aliases=("sagemaker_program",))
+    submit_directory: str = hp(
+        "", "The SDK's source_dir: an s3:// or file:// URI or a path of a .tar.gz or a folder, "
+        "unpacked into /opt/ml/code on every host (its requirements.txt installed) before any "
+        "rank starts (also read from SAGEMAKER_SUBMIT_DIRECTORY).",
+        aliases=("sagemaker_submit_directory",))
+    host_timeout: float = hp(
+        600.0, "Seconds for every host name to resolve and every worker to become ready; "
+        "then the job fails naming the hosts that never answered.", minimum=1.0,
+        maximum=86400.0)
+    leader_timeout: float = hp(
+        900.0, "Seconds a worker waits for the leader to answer at start before failing.",
+        minimum=1.0, maximum=86400.0)
+    heartbeat_timeout: float = hp(
+        30.0, "Seconds of silence after which a worker gives up on its leader, or the leader "
+        "on a worker that is not yet ready.",
+        minimum=2.0, maximum=3600.0)
+    stop_grace: float = hp(
+        90.0, "Seconds between SIGTERM and forcing the ranks down; the trainer saves a "
+        "checkpoint in that time. SageMaker kills everything 120 s after SIGTERM.",
+        minimum=1.0, maximum=3600.0)
+    sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
+                        maximum=65535)
+    coordinator_port: int = hp(
+        29499, "Port on the leader where workers learn the job's SSH key and its outcome.",
+        minimum=1, maximum=65535)
+
+
+def split_hyperparameters(raw: Mapping[str, Any]) -> tuple[LaunchConfig, dict[str, Any],
+                                                           tuple[str, ...]]:
+    """(the launcher's settings, the user's hyperparameters, the ignored SDK keys)."""
+    launch, rest = parse(LaunchConfig, raw, allow_unknown=True)
+    ignored = tuple(sorted(k for k in rest if k.startswith(SDK_PREFIX)))
+    return launch, {k: v for k, v in rest.items() if k not in ignored}, ignored

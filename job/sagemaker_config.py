@@ -1,0 +1,176 @@
+"""The job description SageMaker writes to /opt/ml/input/config, read into typed config.
+
+- resourceconfig.json: `current_host`, `hosts` (sorted by SageMaker), `network_interface_name`
+  (eth0 on most instances, eth1 in AWS's own example, ethwe in newer local mode) and
+  `current_instance_type`. A missing file means a plain `docker run` outside SageMaker: one
+  host named after `algo-1`, which is what local tools and tests expect.
+- hyperparameters.json: a map of string to string (see job.hyperparameters for how
+  values are decoded). Missing means no hyperparameters.
+- inputdataconfig.json: per channel `ContentType`, `TrainingInputMode` (File | Pipe |
+  FastFile) and `S3DistributionType` (FullyReplicated | ShardedByS3Key). Missing means
+  every channel folder present under input/data is FullyReplicated File input.
+Every problem is a ConfigError that names the file and the field to fix.
+
+`write_job_config` writes the same three files as SageMaker does (its inverse): the default
+job, the benchmarks, the local cluster and the tests make their jobs with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from job.errors import ConfigError
+from job.hyperparameters import encode
+from job.paths import MlPaths
+
+INPUT_MODES = ("File", "FastFile", "Pipe")
+DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
+INSTANCE_GROUP = "homogeneousCluster"  # SageMaker's name for the one group of a plain job
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    current_host: str
+    hosts: tuple[str, ...]
+    network_interface_name: str = "eth0"
+    instance_type: str = "local"
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise ValueError("resourceconfig.json: `hosts` is empty; it must list every host")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError(f"resourceconfig.json: `hosts` has duplicates: {list(self.hosts)}")
+        if self.current_host not in self.hosts:
+            raise ValueError(
+                f"resourceconfig.json: current_host {self.current_host!r} is not among hosts "
+                f"{list(self.hosts)}")
+
+    @property
+    def leader(self) -> str:
+        """The first host in sorted order: the same answer on every host, with no talking."""
+        return sorted(self.hosts)[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.current_host == self.leader
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    content_type: str = ""
+    input_mode: str = "File"
+    distribution: str = "FullyReplicated"
+
+    @property
+    def sharded_by_host(self) -> bool:
+        return self.distribution == "ShardedByS3Key"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything under input/config, validated."""
+
+    paths: MlPaths
+    resources: ResourceConfig
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    channels: dict[str, Channel] = field(default_factory=dict)
+
+
+def _read_json(path: Path, expected: type) -> Any:
+    try:
+        value = json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+    except ValueError as error:
+        raise ConfigError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(value, expected):
+        raise ConfigError(f"{path} must hold a JSON {expected.__name__}, "
+                          f"not {type(value).__name__}")
+    return value
+
+
+def read_resources(path: Path) -> ResourceConfig:
+    if not path.exists():
+        return ResourceConfig(current_host="algo-1", hosts=("algo-1",), network_interface_name="lo")
+    raw = _read_json(path, dict)
+    hosts = raw.get("hosts")
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        raise ConfigError(f"{path}: `hosts` must be a list of host names, got {hosts!r}")
+    current = raw.get("current_host")
+    if not isinstance(current, str) or not current:
+        raise ConfigError(f"{path}: `current_host` must be a host name, got {current!r}")
+    interface = raw.get("network_interface_name", "eth0")
+    if not isinstance(interface, str) or not interface:
+        raise ConfigError(f"{path}: `network_interface_name` must be an interface name")
+    try:
+        return ResourceConfig(current_host=current, hosts=tuple(sorted(hosts)),
+                              network_interface_name=interface,
+                              instance_type=str(raw.get("current_instance_type", "local")))
+    except ValueError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
+def read_hyperparameters(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    return _read_json(path, dict)
+
+
+def read_channels(path: Path, data_dir: Path) -> dict[str, Channel]:
+    if not path.exists():
+        present = sorted(p.name for p in data_dir.iterdir() if p.is_dir()) \
+            if data_dir.is_dir() else []
+        return {name: Channel(name) for name in present}
+    channels = {}
+    for name, spec in _read_json(path, dict).items():
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{path}: channel {name!r} must be a JSON object")
+        mode = spec.get("TrainingInputMode", "File")
+        distribution = spec.get("S3DistributionType", "FullyReplicated")
+        if mode not in INPUT_MODES:
+            raise ConfigError(f"{path}: channel {name!r} has TrainingInputMode {mode!r}; "
+                              f"choose between {', '.join(INPUT_MODES)}")
+        if distribution not in DISTRIBUTIONS:
+            raise ConfigError(f"{path}: channel {name!r} has S3DistributionType "
+                              f"{distribution!r}; choose between {', '.join(DISTRIBUTIONS)}")
+        channels[name] = Channel(name, str(spec.get("ContentType", "")), mode, distribution)
+    return channels
+
+
+def read_job_config(paths: MlPaths) -> JobConfig:
+    """Read the three config files under `paths.config_dir`."""
+    return JobConfig(
+        paths=paths,
+        resources=read_resources(paths.resource_config),
+        hyperparameters=read_hyperparameters(paths.hyperparameters),
+        channels=read_channels(paths.input_data_config, paths.data_dir))
+
+
+def write_job_config(job: JobConfig) -> None:
+    """Write `job` under `job.paths.config_dir` as SageMaker writes it; read_job_config reads it
+    back. Hyperparameter values may be any JSON value: each is written with `encode`."""
+    paths, resources = job.paths, job.resources
+    hosts = sorted(resources.hosts)
+    paths.config_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(paths.resource_config, {
+        "current_host": resources.current_host,
+        "current_instance_type": resources.instance_type,
+        "current_group_name": INSTANCE_GROUP,
+        "hosts": hosts,
+        "instance_groups": [{"instance_group_name": INSTANCE_GROUP,
+                             "instance_type": resources.instance_type, "hosts": hosts}],
+        "network_interface_name": resources.network_interface_name})
+    _write_json(paths.hyperparameters,
+                {name: encode(value) for name, value in job.hyperparameters.items()})
+    _write_json(paths.input_data_config, {
+        name: {"ContentType": channel.content_type, "TrainingInputMode": channel.input_mode,
+               "S3DistributionType": channel.distribution, "RecordWrapperType": "None"}
+        for name, channel in job.channels.items()})
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")

@@ -1,0 +1,72 @@
+"""A job's hyperparameters, validated once: the launcher's settings, the mode, the trainer's.
+
+hyperparameters.json mixes three kinds of keys: the launcher's own (`LaunchConfig`, with the
+sagemaker-training toolkit's names as aliases), other `sagemaker_*` keys that the SDK adds
+(ignored), and the user's. `validate_hyperparameters` is the one place that splits them,
+decides the mode and checks the built-in trainer's config:
+
+- script mode when `program` (or `sagemaker_program`) is set, else when SAGEMAKER_PROGRAM is
+  in the environment (some tools set that instead); the script receives every user key, so
+  none is checked here;
+- otherwise the built-in trainer, whose `TrainerConfig` must parse from the user's keys; an
+  unknown name is refused with the nearest valid one.
+
+The launcher calls it before planning and the operator tool (sagemaker_ops) before a job
+is sent, so both refuse the same jobs with the same message.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from job.errors import ConfigError
+from job.hyperparameters import decode, names, parse
+from job.launch_config import SDK_PREFIX, LaunchConfig, split_hyperparameters
+from job.paths import MlPaths
+from job.trainer_config import TrainerConfig
+
+PROGRAM_ENV = "SAGEMAKER_PROGRAM"
+PROGRAM_KEY = "sagemaker_program"  # how the SDK names the script to the framework containers
+
+
+@dataclass(frozen=True)
+class JobHyperparameters:
+    launch: LaunchConfig
+    program: str  # the script under the code folder; "" runs the built-in trainer
+    user: dict[str, Any]  # the user's keys, as given
+    ignored: tuple[str, ...]  # the SDK's keys that the launcher ignores
+    trainer: TrainerConfig | None  # the built-in trainer's config; None in script mode
+    # Script mode: the decoded values a script sees through the toolkit (SM_HPS and the
+    # sagemaker_* framework parameters), with sagemaker_program naming the script however
+    # it was given, as the SDK always sends it.
+    script: dict[str, Any] = field(default_factory=dict)
+
+
+def validate_hyperparameters(raw: Mapping[str, Any],
+                             environ: Mapping[str, str]) -> JobHyperparameters:
+    """Split and check a job's hyperparameters; ConfigError says what to change."""
+    launch, user, ignored = split_hyperparameters(raw)
+    program = launch.program or environ.get(PROGRAM_ENV, "")
+    if program:
+        script = {name: decode(value) for name, value in raw.items()
+                  if name in user or name.startswith(SDK_PREFIX)}
+        return JobHyperparameters(launch, program, user, ignored, None,
+                                  {**script, PROGRAM_KEY: program})
+    trainer, unknown = parse(TrainerConfig, user, allow_unknown=True)
+    if unknown:
+        raise _unknown_names(unknown)
+    return JobHyperparameters(launch, "", user, ignored, trainer)
+
+
+def _unknown_names(unknown: Mapping[str, Any]) -> ConfigError:
+    valid = sorted(names(TrainerConfig)) + sorted(names(LaunchConfig))
+    hints = [f"{close[0]} for {key}" for key in sorted(unknown)
+             for close in [difflib.get_close_matches(key, valid, n=1)] if close]
+    return ConfigError(
+        f"unknown hyperparameter(s) {', '.join(sorted(unknown))}"
+        + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+        + f"; the built-in trainer takes {', '.join(sorted(names(TrainerConfig)))}; "
+        f"the launcher takes {', '.join(sorted(names(LaunchConfig)))}. To run your own "
+        f"script, which receives any other key, set program=<file under {MlPaths().code_dir}>.")

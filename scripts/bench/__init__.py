@@ -1,1 +1,0 @@
-"""Training performance benchmarks: `make bench` / `python -m scripts.bench`."""

@@ -1,5 +1,0 @@
-import sys
-
-from scripts.bench.runner import main
-
-sys.exit(main())

@@ -1,0 +1,226 @@
+"""CreateTrainingJob: option combinations fit botocore's schema; bad input is refused unsent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sagemaker_testing import IMAGE, ROLE, botocore_accepts
+
+from job.errors import ConfigError
+from sagemaker_ops import builders as b
+from sagemaker_ops import cli, metrics, schema
+
+TRAIN = b.TrainingChannel("train", "s3://my-bucket/data/train/")
+
+
+def job(**changes) -> b.TrainingJob:
+    fields = dict(name="horovod-keras-test", image=IMAGE, role_arn=ROLE,
+                  output_path="s3://my-bucket/output", channels=(TRAIN,))
+    fields.update(changes)
+    return b.TrainingJob(**fields)
+
+
+def test_minimal_job_is_the_expected_request():
+    request = b.training_job_request(job())
+    assert request == {
+        "TrainingJobName": "horovod-keras-test",
+        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File",
+                                   "MetricDefinitions": metrics.definitions(),
+                                   "EnableSageMakerMetricsTimeSeries": True},
+        "RoleArn": ROLE,
+        "HyperParameters": {},
+        "InputDataConfig": [{"ChannelName": "train", "InputMode": "File", "DataSource": {
+            "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://my-bucket/data/train/",
+                             "S3DataDistributionType": "FullyReplicated"}}}],
+        "OutputDataConfig": {"S3OutputPath": "s3://my-bucket/output"},
+        "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1,
+                           "VolumeSizeInGB": 30},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
+        "EnableManagedSpotTraining": False}
+    botocore_accepts("CreateTrainingJob", request)
+
+
+COMBINATIONS = {
+    "distributed-gpu-sharded-fastfile-npz": dict(
+        instance_type="ml.p3.16xlarge", instance_count=4, volume_size_gb=200,
+        channels=(b.TrainingChannel("train", "s3://my-bucket/t/", "ShardedByS3Key", "FastFile",
+                                    "application/x-npz"),
+                  b.TrainingChannel("validation", "s3://my-bucket/v/", "FullyReplicated",
+                                    "FastFile", "application/x-npz")),
+        hyperparameters={"epochs": 20, "global_batch_size": 4096, "scale_learning_rate": True,
+                         "optimizer": "sgd", "processes_per_host": 8}),
+    "spot-with-checkpoints": dict(
+        spot=True, max_runtime_seconds=3600, max_wait_seconds=7200,
+        checkpoint_s3_uri="s3://my-bucket/checkpoints/run-1",
+        hyperparameters={"checkpoint_every_epochs": "1", "learning_rate": "0.01"}),
+    "vpc-environment-tags": dict(
+        vpc=b.Vpc(("subnet-0abc", "subnet-0def"), ("sg-0123",)),
+        environment={"NCCL_DEBUG": "WARN", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        tags={"project": "horovod-keras", "owner": "ml-team"},
+        channels=(b.TrainingChannel("train", "s3://my-bucket/t/", content_type="text/csv"),)),
+    "sdk-style-hyperparameters": dict(
+        hyperparameters={"sagemaker_mpi_num_of_processes_per_host": 2,
+                         "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=INFO",
+                         "sagemaker_region": '"us-east-1"', "optimizer": '"sgd"'}),
+    "script-mode": dict(
+        hyperparameters={"sagemaker_program": "my_train.py", "my_own_flag": "yes"},
+        channels=(b.TrainingChannel("images", "s3://my-bucket/images/"),)),
+    "script-mode-from-environment": dict(
+        environment={"SAGEMAKER_PROGRAM": "my_train.py"}, channels=(),
+        hyperparameters={"anything": 1}),
+}
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_option_combinations_fit_the_schema(name):
+    request = b.training_job_request(job(**COMBINATIONS[name]))
+    botocore_accepts("CreateTrainingJob", request)
+    assert all(isinstance(v, str) for v in request["HyperParameters"].values())
+
+
+def test_distributed_spot_details_reach_the_request():
+    request = b.training_job_request(job(**COMBINATIONS["distributed-gpu-sharded-fastfile-npz"]))
+    assert request["ResourceConfig"]["InstanceCount"] == 4
+    assert [c["DataSource"]["S3DataSource"]["S3DataDistributionType"]
+            for c in request["InputDataConfig"]] == ["ShardedByS3Key", "FullyReplicated"]
+    assert request["AlgorithmSpecification"]["TrainingInputMode"] == "FastFile"
+    assert request["HyperParameters"] == {
+        "epochs": "20", "global_batch_size": "4096", "scale_learning_rate": "true",
+        "optimizer": "sgd", "processes_per_host": "8"}
+    spot = b.training_job_request(job(**COMBINATIONS["spot-with-checkpoints"]))
+    assert spot["EnableManagedSpotTraining"] is True
+    assert spot["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    assert spot["CheckpointConfig"] == {"S3Uri": "s3://my-bucket/checkpoints/run-1",
+                                        "LocalPath": "/opt/ml/checkpoints"}
+    vpc = b.training_job_request(job(**COMBINATIONS["vpc-environment-tags"]))
+    assert vpc["VpcConfig"] == {"Subnets": ["subnet-0abc", "subnet-0def"],
+                                "SecurityGroupIds": ["sg-0123"]}
+    assert {"Key": "owner", "Value": "ml-team"} in vpc["Tags"]
+    assert vpc["InputDataConfig"][0]["ContentType"] == "text/csv"
+
+
+REFUSED = {
+    "zero instances": (dict(instance_count=0), "instance count must be a whole number of at least 1"),
+    "negative instances": (dict(instance_count=-2), "instance count must be"),
+    "unknown channel": (dict(channels=(TRAIN, b.TrainingChannel("test", "s3://my-bucket/x/"))),
+                        "unknown channel 'test': the built-in trainer reads train (required)"),
+    "no train channel": (dict(channels=(b.TrainingChannel("validation", "s3://my-bucket/v/"),)),
+                         "missing channel 'train'"),
+    "channel twice": (dict(channels=(TRAIN, TRAIN)), "channel(s) given twice: train"),
+    "output not s3": (dict(output_path="my-bucket/output"), "output path 'my-bucket/output' is not an S3 URI"),
+    "output https": (dict(output_path="https://my-bucket.s3.amazonaws.com/x"), "is not an S3 URI"),
+    "bucket uppercase": (dict(checkpoint_s3_uri="s3://My_Bucket/ck"), "checkpoint S3 URI 's3://My_Bucket/ck' is not an S3 URI"),
+    "spot wait below runtime": (dict(spot=True, max_runtime_seconds=7200, max_wait_seconds=3600),
+                                "max wait 3600 s is less than max runtime 7200 s"),
+    "spot without wait": (dict(spot=True), "managed spot training needs a max wait"),
+    "wait without spot": (dict(max_wait_seconds=90000), "max wait applies to managed spot training only"),
+    "runtime beyond 28 days": (dict(max_runtime_seconds=29 * 86400), "above SageMaker's limit"),
+    "unknown hyperparameter": (dict(hyperparameters={"learning_rte": "0.1"}),
+                               "unknown hyperparameter(s) learning_rte (did you mean learning_rate"),
+    "hyperparameter out of range": (dict(hyperparameters={"dropout_rate": 0.95}),
+                                    "hyperparameter dropout_rate='0.95' is invalid"),
+    "bad choice": (dict(hyperparameters={"optimizer": "rmsprop"}), "expected one of adam, sgd"),
+    "bad launcher value": (dict(hyperparameters={"sagemaker_mpi_num_of_processes_per_host": "-1"}),
+                           "processes_per_host"),
+    "bad content type": (dict(channels=(b.TrainingChannel("train", "s3://my-bucket/t/",
+                                                          content_type="application/json"),)),
+                         "content type 'application/json' is not supported; choose one of text/csv, application/x-npz"),
+    "unknown instance type": (dict(instance_type="ml.p3.2xlarg"),
+                              "'ml.p3.2xlarg' is not valid; did you mean ml.p3.2xlarge"),
+    "bad job name": (dict(name="my_job"), "TrainingJobName: 'my_job' does not match"),
+    "bad role": (dict(role_arn="SageMakerRole"), "RoleArn"),
+    "environment key": (dict(environment={"BAD-KEY": "1"}), "Environment key: 'BAD-KEY' does not match"),
+    "too many hyperparameters": (dict(hyperparameters={"sagemaker_program": "x.py",
+                                                       **{f"k{i}": i for i in range(100)}}),
+                                 "HyperParameters: has 101 entries; at most 100 allowed"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_refused_with_a_message_saying_what_to_change(case):
+    changes, message = REFUSED[case]
+    with pytest.raises(ConfigError) as refused:
+        b.training_job_request(job(**changes))
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("channel, message", [
+    (dict(name="train", s3_uri="s3://my-bucket/t", input_mode="Pipe"),
+     "input mode 'Pipe' is not supported; choose one of File, FastFile (Pipe streams FIFOs"),
+    (dict(name="train", s3_uri="s3://my-bucket/t", distribution="ShardedByKey"),
+     "distribution 'ShardedByKey' is not supported; choose one of FullyReplicated, ShardedByS3Key"),
+    (dict(name="train", s3_uri="gs://my-bucket/t"), "channel train: 'gs://my-bucket/t' is not an S3 URI"),
+    (dict(name="train data", s3_uri="s3://my-bucket/t"), "channel name 'train data' is invalid"),
+])
+def test_channel_refused(channel, message):
+    with pytest.raises(ConfigError, match=None) as refused:
+        b.TrainingChannel(**channel)
+    assert message in str(refused.value)
+
+
+def test_vpc_needs_both_parts():
+    with pytest.raises(ConfigError, match="both subnets and security groups"):
+        b.Vpc(("subnet-1",), ())
+
+
+ARGS = ["train", "--image", IMAGE, "--role", ROLE, "--output-path", "s3://my-bucket/out",
+        "--job-name", "cli-job"]
+
+
+def test_cli_dry_run_prints_the_request_and_makes_no_client(capsys, no_clients):
+    code = cli.main(ARGS + [
+        "--channel", "train=s3://my-bucket/t/", "--channel", "validation=s3://my-bucket/v/",
+        "--distribution", "train=ShardedByS3Key", "--input-mode", "FastFile",
+        "--content-type", "text/csv", "--instance-count", "2", "--hp", "epochs=3",
+        "--spot", "--max-runtime", "3600", "--max-wait", "7200",
+        "--checkpoint-s3", "s3://my-bucket/ck", "--subnet", "subnet-1", "--security-group",
+        "sg-1", "--env", "NCCL_DEBUG=WARN", "--dry-run"], make_clients=no_clients)
+    assert code == 0
+    [step] = json.loads(capsys.readouterr().out)
+    request = step["request"]
+    assert step["operation"] == "CreateTrainingJob"
+    botocore_accepts("CreateTrainingJob", request)
+    assert [(c["ChannelName"], c["InputMode"], c["ContentType"],
+             c["DataSource"]["S3DataSource"]["S3DataDistributionType"])
+            for c in request["InputDataConfig"]] == [
+        ("train", "FastFile", "text/csv", "ShardedByS3Key"),
+        ("validation", "FastFile", "text/csv", "FullyReplicated")]
+    assert request["HyperParameters"] == {"epochs": "3"}
+    assert request["Environment"] == {"NCCL_DEBUG": "WARN"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--channel", "train=s3://my-bucket/t/", "--instance-count", "0"], "instance count"),
+    (["--channel", "trian=s3://my-bucket/t/"], "unknown channel 'trian'"),
+    (["--channel", "train=s3://my-bucket/t/", "--distribution", "valid=ShardedByS3Key"],
+     "names channel 'valid', which no --channel gives"),
+    (["--channel", "train=s3://my-bucket/t/", "--hp", "epochs"], "--hp 'epochs' is not KEY=VALUE"),
+    (["--channel", "train=s3://my-bucket/t/", "--spot", "--max-wait", "60"],
+     "max wait 60 s is less than max runtime 86400 s"),
+])
+def test_cli_refuses_before_any_client_exists(capsys, no_clients, extra, message):
+    # Even without --dry-run: the refusal comes before a client could be made.
+    assert cli.main(ARGS + extra, make_clients=no_clients) == 2
+    error = capsys.readouterr().err
+    assert message in error and "nothing was sent" in error
+
+
+def test_cli_hyperparameters_file_then_flags(tmp_path, capsys, no_clients):
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps({"epochs": 5, "fp16_allreduce": True, "optimizer": "sgd"}))
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--hyperparameters",
+                            str(path), "--hp", "epochs=7", "--dry-run"],
+                    make_clients=no_clients) == 0
+    request = json.loads(capsys.readouterr().out)[0]["request"]
+    assert request["HyperParameters"] == {"epochs": "7", "fp16_allreduce": "true",
+                                          "optimizer": "sgd"}
+
+
+def test_default_job_name_fits_sagemaker():
+    from datetime import datetime
+    name = b.default_name("x" * 80, datetime(2024, 5, 6, 7, 8, 9))
+    assert len(name) == 63 and name.endswith("-20240506-070809")
+    assert schema.problems("CreateTrainingJob", {
+        "TrainingJobName": name, "RoleArn": ROLE,
+        "OutputDataConfig": {"S3OutputPath": "s3://my-bucket/o"}}) == []
