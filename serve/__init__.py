@@ -2,7 +2,7 @@
 
 Modules, in the order a request meets them:
   config      settings from SageMaker's environment variables (a frozen dataclass)
-  server      gunicorn: processes, threads, signals (imports no Flask, binds at once)
+  server      gunicorn: processes, threads, signals, a socket per worker (imports no Flask)
   host        the host's cores and GPUs: how many workers, TensorFlow's threads per worker
   worker      one worker's app, model and batcher, built after fork
   app         the Flask routes and the one mapping from exceptions to HTTP answers

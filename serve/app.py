@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import time
-from contextlib import nullcontext
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import (ClientDisconnected, HTTPException, MethodNotAllowed, NotFound,
@@ -45,7 +44,6 @@ from serve.config import ServeConfig
 from serve.errors import BodyTimeout, ModelUnavailable, RequestError
 from serve.limits import DecodeBudget
 from serve.model import Model
-from serve.turns import Turns
 from serve.validation import validate
 
 log = logging.getLogger(__name__)
@@ -58,10 +56,6 @@ RETRY_AFTER_S = 1
 # Small enough that a client trickling its body is noticed past its deadline within a chunk,
 # large enough that a 6 MB body takes only about a hundred reads.
 READ_CHUNK_BYTES = 64 * 1024
-# A body larger than this takes milliseconds to seconds to decode and its answer to encode, so
-# both run out of turn (serve.turns), sharing the interpreter lock the usual way, instead of
-# holding back every small request behind them.
-TURN_MAX_BYTES = 64 * 1024
 
 
 def _check_not_stalled(batcher: MicroBatcher, config: ServeConfig) -> None:
@@ -73,10 +67,9 @@ def _check_not_stalled(batcher: MicroBatcher, config: ServeConfig) -> None:
 
 
 def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
-               budget: DecodeBudget, turns: Turns) -> Flask:
-    """The app serving `model` through `batcher`, decoding within `budget`; a request lets
-    the next in `turns` go while it waits or works on a large body. The model is not loaded
-    here."""
+               budget: DecodeBudget) -> Flask:
+    """The app serving `model` through `batcher`, decoding within `budget`. The model is not
+    loaded here."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_payload_bytes
 
@@ -89,21 +82,17 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
     @app.post("/invocations")
     def invocations() -> Response:
         deadline = g.arrived + config.timeout_s
-        with turns.paused() if not model.ready else nullcontext():
-            model.wait_ready(deadline)
+        model.wait_ready(deadline)
         _check_not_stalled(batcher, config)
         media_type = negotiate(request.headers.get("Accept"))
         body = _read_body(config, deadline)
-        large = len(body) > TURN_MAX_BYTES
-        with turns.paused() if large else nullcontext():
-            with budget.hold(len(body), deadline, waiting=turns.paused):
-                decoded = decode(body, request.mimetype, request.mimetype_params.get("charset"))
-                batch = validate(decoded.inputs, model.interface)
+        with budget.hold(len(body), deadline):
+            decoded = decode(body, request.mimetype, request.mimetype_params.get("charset"))
+            batch = validate(decoded.inputs, model.interface)
         columnar = decoded.columnar
         del body, decoded  # not held while the request waits for the model
-        outputs = batcher.submit(batch, deadline)  # lets the next turn go while it waits
-        with turns.paused() if large else nullcontext():
-            answer = encode(outputs, model.interface, media_type, columnar=columnar)
+        outputs = batcher.submit(batch, deadline)
+        answer = encode(outputs, model.interface, media_type, columnar=columnar)
         return Response(answer, mimetype=media_type)
 
     @app.get("/execution-parameters")

@@ -26,9 +26,8 @@ import enum
 import threading
 import time
 from collections import deque
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager
+from typing import Callable
 
 import numpy as np
 
@@ -73,12 +72,8 @@ class _Request:
 class MicroBatcher:
     """Coalesces concurrent `submit` calls into model calls of at most `max_batch_size` rows."""
 
-    def __init__(self, predict: Predict, max_batch_size: int, max_queue: int,
-                 paused: Callable[[], ContextManager[None]] = nullcontext):
+    def __init__(self, predict: Predict, max_batch_size: int, max_queue: int):
         self._predict = predict
-        # Wraps each wait for the model and each call with its hand-on: a leader that waited
-        # for its turn again before answering its batch and handing on would idle the model.
-        self._paused = paused
         self._max_batch_size = max_batch_size
         self._max_queue = max_queue
         self._lock = threading.Lock()
@@ -115,16 +110,14 @@ class MicroBatcher:
         if request.state is not _State.LEADING:
             self._wait(request)
         if request.state is _State.LEADING:
-            with self._paused():
-                self._lead(request)
+            self._lead(request)
         if request.error is not None:
             raise request.error
         return request.outputs
 
     def _wait(self, request: _Request) -> None:
         """Until the request is answered or must lead; TimeoutError at its deadline."""
-        with self._paused():
-            woken = request.wake.wait(max(0.0, request.deadline - time.monotonic()))
+        woken = request.wake.wait(max(0.0, request.deadline - time.monotonic()))
         if woken:
             return
         with self._lock:

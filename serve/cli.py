@@ -12,7 +12,7 @@ from pathlib import Path
 
 from job.paths import DEFAULT_ML_ROOT
 from serve.config import ServeConfig, ServeConfigError, config_from_env
-from serve.server import run_server
+from serve.server import PortInUse, run_server
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
@@ -28,4 +28,8 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_server(parse_args(argv))
+    config = parse_args(argv)
+    try:
+        run_server(config)
+    except PortInUse as error:
+        raise SystemExit(f"serve: error: {error}") from None

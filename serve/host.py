@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
@@ -50,10 +51,22 @@ def tensorflow_threads(cpus: int) -> dict[str, str]:
             "OMP_NUM_THREADS": str(cpus)}
 
 
-def lowest_free(assigned: Collection[int], count: int) -> int:
-    """The lowest of `range(count)` not in `assigned` (round robin if all are): a new worker's
-    slot, which a worker that exited frees for its replacement."""
-    for index in range(count):
-        if index not in assigned:
-            return index
-    return len(assigned) % count
+def lowest_free(held: Collection[int]) -> int:
+    """The lowest slot not in `held`: a new worker's, which a worker that exited frees for its
+    replacement."""
+    return min(set(range(len(held) + 1)) - set(held))
+
+
+class WorkerSlots:
+    """The slot (and so the GPU) of each live worker, kept in the gunicorn master through its
+    documented `pre_fork` and `child_exit` server hooks; the forked worker inherits its own."""
+
+    def __init__(self) -> None:
+        self._held: set[int] = set()
+
+    def assign(self, server: Any, worker: Any) -> None:
+        worker.slot = lowest_free(self._held)
+        self._held.add(worker.slot)
+
+    def free(self, server: Any, worker: Any) -> None:
+        self._held.discard(worker.slot)

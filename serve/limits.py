@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager, nullcontext
-from typing import Callable, ContextManager, Iterator
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class DecodeBudget:
@@ -30,16 +30,14 @@ class DecodeBudget:
         self._freed = threading.Condition()
 
     @contextmanager
-    def hold(self, size: int, deadline: float,
-             waiting: Callable[[], ContextManager[None]] = nullcontext) -> Iterator[None]:
-        """Reserve `size` bytes for the block; raise TimeoutError at `deadline` (monotonic).
-        Only if it must wait for room, it waits inside `waiting` (serve.turns' pause)."""
+    def hold(self, size: int, deadline: float) -> Iterator[None]:
+        """Reserve `size` bytes for the block; raise TimeoutError at `deadline` (monotonic)."""
         with self._freed:
             room = self._has_room(size)
             if room:
                 self._take(size)
         if not room:
-            with waiting(), self._freed:
+            with self._freed:
                 if not self._freed.wait_for(lambda: self._has_room(size),
                                             timeout=max(0.0, deadline - time.monotonic())):
                     raise TimeoutError("no room to decode the body before the deadline")

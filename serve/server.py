@@ -1,31 +1,39 @@
 """Runs the app under gunicorn, configured for a TensorFlow model behind SageMaker.
 
-- The master binds the port at once and never imports TensorFlow (`preload_app` is off):
-  TensorFlow's thread pools do not survive fork, and each worker's copy would be wasted.
+- The master never imports TensorFlow (`preload_app` is off): TensorFlow's thread pools do
+  not survive fork, and each worker's copy would be wasted. It forks the workers at once.
+- Each worker listens on a socket of its own, bound right after fork with SO_REUSEPORT
+  (gunicorn's `reuse_port`), so the kernel spreads new connections over the workers. With
+  one shared socket the workers race for each connection, a kept-alive connection stays with
+  the winner, and 64 clients connecting at once were split as unevenly as 62/2; the busier
+  worker then set the tail (MLP p99 at c=32: 82 ms shared, 59 ms with a socket per worker,
+  against the careful baseline's 64, docs/performance.md).
 - Each worker builds the app right after fork, starts loading the model in a background
   thread and serves at once: /ping answers 503 within milliseconds until the model is
   loaded and warmed up. A model that cannot load leaves the worker up, answering 503 with
   the reason, instead of exiting and being restarted forever.
-- Workers are `gthread` (serve.keepalive: a request thread keeps a busy kept-alive
-  connection): one process holds the model once and many request threads share it
-  through the micro-batcher, which is what lets concurrent requests share model calls. By
-  default there is one worker per core on CPU hosts and one per GPU on GPU hosts (serve.host);
-  on a GPU host each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set after fork).
+- Workers are gunicorn's own `gthread` workers: one process holds the model once and many
+  request threads share it through the micro-batcher, which is what lets concurrent
+  requests share model calls. Only gunicorn's documented settings and server hooks are used,
+  so any gunicorn release of the current major version runs it unchanged. By default there is
+  one worker per core on CPU hosts and one per GPU on GPU hosts (serve.host); on a GPU host
+  each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set after fork).
 - SIGTERM stops accepting, lets in-flight requests finish and exits within
   GRACEFUL_TIMEOUT_S, inside the 30 s SageMaker allows before SIGKILL.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from serve.config import ServeConfig
-from serve.host import gpu_count
-from serve.keepalive import COUNTS, KeepAliveWorker
+from serve.host import WorkerSlots, gpu_count
 from serve.logs import logging_config
 
 GRACEFUL_TIMEOUT_S = 20
@@ -43,20 +51,21 @@ class NoAccessLogger(Logger):
 
 
 def _pin_gpu(server: Any, worker: Any) -> None:
-    """In the worker, after fork and before TensorFlow is imported: the GPU of its slot, which
-    the master gave it (ConnectionCounts.assign) as the lowest no live worker holds."""
+    """gunicorn's `post_fork` hook, in the worker before TensorFlow is imported: the GPU of the
+    slot the master gave it (WorkerSlots)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(worker.slot % gpu_count())
 
 
 def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
     """gunicorn's settings for `config`."""
-    gpu_hooks = {"post_fork": _pin_gpu} if gpu_count() else {}
+    slots = WorkerSlots()
+    gpu_hooks = ({"pre_fork": slots.assign, "child_exit": slots.free, "post_fork": _pin_gpu}
+                 if gpu_count() else {})
     return {**gpu_hooks,
-        "pre_fork": COUNTS.assign,
-        "child_exit": COUNTS.free,
         "bind": [f"0.0.0.0:{config.port}"],
+        "reuse_port": True,
         "workers": config.workers,
-        "worker_class": KeepAliveWorker,
+        "worker_class": "gthread",
         "threads": config.threads,
         "timeout": config.timeout_s,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
@@ -87,6 +96,28 @@ class _Gunicorn(BaseApplication):
         return build_worker_app(self._config)
 
 
+class PortInUse(Exception):
+    """Another process listens on the port."""
+
+
+def check_port_free(port: int) -> None:
+    """Raise PortInUse when another process listens on `port`. The workers bind with
+    SO_REUSEPORT after fork; a port held by another program would make each of them fail and
+    be restarted forever, and a port held by another `serve` would silently share its clients,
+    so the master binds once without SO_REUSEPORT first and lets go (SO_REUSEADDR: connections
+    of a previous server still in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise PortInUse(f"port {port} is in use by another process; stop it or choose "
+                            "another port with SAGEMAKER_BIND_TO_PORT") from None
+
+
 def run_server(config: ServeConfig) -> None:
     """Serve until SIGTERM or SIGINT; gunicorn exits the process when done."""
+    check_port_free(config.port)
     _Gunicorn(config).run()

@@ -17,7 +17,6 @@ from serve.config import ServeConfig
 from serve.host import cpu_count, tensorflow_threads
 from serve.limits import DecodeBudget
 from serve.model import Model
-from serve.turns import TURNS
 
 
 def build_worker_app(config: ServeConfig) -> Flask:
@@ -31,7 +30,6 @@ def build_worker_app(config: ServeConfig) -> Flask:
 
 
 def assemble_app(config: ServeConfig, model: Model, predict: Predict) -> Flask:
-    """The app and its parts: `predict` behind the batcher and the decode budget, each
-    letting the worker's next request take its turn (serve.turns) while it waits."""
-    batcher = MicroBatcher(predict, config.max_batch_size, config.max_queue, TURNS.paused)
-    return create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes), TURNS)
+    """The app and its parts: `predict` behind the batcher, bodies within the decode budget."""
+    batcher = MicroBatcher(predict, config.max_batch_size, config.max_queue)
+    return create_app(config, model, batcher, DecodeBudget(config.decode_budget_bytes))

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from container.serve_cli import parse_args
+from serve.cli import parse_args
 from serve.config import ServeConfig, ServeConfigError, config_from_env
-from serve.host import cpu_count, default_workers, gpu_count, lowest_free, tensorflow_threads
+from serve.host import (WorkerSlots, cpu_count, default_workers, gpu_count, lowest_free,
+                        tensorflow_threads)
 from serve.logs import logging_config
-from serve.keepalive import COUNTS, ConnectionCounts, KeepAliveWorker
 import serve.server as server_module
 from serve.server import NoAccessLogger, gunicorn_options
 
@@ -39,31 +42,26 @@ def test_workers_fill_the_host_and_each_call_may_use_every_core(tmp_path):
     assert default_workers(cpus=8, gpus=2) == 2
     assert tensorflow_threads(cpus=8) == {
         "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "8"}
-    assert lowest_free([], 2) == 0
-    assert lowest_free([0], 2) == 1
-    assert lowest_free([1], 2) == 0  # the worker that held slot (and GPU) 0 was replaced
-    assert lowest_free([0, 1], 2) == 0  # more workers than GPUs: round robin
+    assert lowest_free([]) == 0
+    assert lowest_free([0]) == 1
+    assert lowest_free([1]) == 0  # the worker that held slot (and GPU) 0 was replaced
+    assert lowest_free([0, 2]) == 1
 
 
-def test_each_worker_gets_a_slot_its_replacement_inherits_and_sees_only_the_others():
-    """The master's hooks (ConnectionCounts.assign before fork, .free on exit): a slot is also
-    the worker's GPU on a GPU host, so a replacement must take the slot of the worker that
-    exited, and a freed slot must not count as a worker holding no connections."""
-    counts, arbiter = ConnectionCounts(), SimpleNamespace(WORKERS={})
+def test_each_worker_gets_a_slot_its_replacement_inherits():
+    """The master's hooks (WorkerSlots.assign before fork, .free on exit): a slot is the
+    worker's GPU on a GPU host, so a replacement must take the slot of the worker that exited."""
+    slots, arbiter = WorkerSlots(), SimpleNamespace()
     workers = [SimpleNamespace() for _ in range(3)]
-    for pid, worker in enumerate(workers):
-        counts.assign(arbiter, worker)
-        arbiter.WORKERS[pid] = worker
+    for worker in workers:
+        slots.assign(arbiter, worker)
     assert [worker.slot for worker in workers] == [0, 1, 2]
-    for worker, count in zip(workers, (5, 3, 7)):
-        counts.publish(worker.slot, count)
-    assert [counts.least_but(worker.slot) for worker in workers] == [3, 5, 3]
-    counts.free(arbiter, arbiter.WORKERS.pop(1))
-    assert counts.least_but(0) == 7
+    slots.free(arbiter, workers[1])
     replacement = SimpleNamespace()
-    counts.assign(arbiter, replacement)
-    assert replacement.slot == 1 and counts.least_but(0) == 0
-    assert ConnectionCounts().least_but(0) is None
+    slots.assign(arbiter, replacement)
+    assert replacement.slot == 1
+    slots.assign(arbiter, fourth := SimpleNamespace())
+    assert fourth.slot == 3
 
 
 def test_every_setting_comes_from_its_variable():
@@ -102,7 +100,7 @@ def test_a_bad_value_names_the_variable_and_what_is_allowed(name, value, message
 def test_gunicorn_settings():
     config = ServeConfig(port=9000, workers=2, threads=16, timeout_s=30)
     assert gunicorn_options(config) == {
-        "pre_fork": COUNTS.assign, "child_exit": COUNTS.free, "bind": ["0.0.0.0:9000"], "workers": 2, "worker_class": KeepAliveWorker,
+        "bind": ["0.0.0.0:9000"], "reuse_port": True, "workers": 2, "worker_class": "gthread",
         "threads": 16, "timeout": 30, "graceful_timeout": 20, "keepalive": 75,
         "preload_app": False, "accesslog": None, "logger_class": NoAccessLogger,
         "logconfig_dict": logging_config(), "control_socket_disable": True, "proc_name": "serve"}
@@ -130,3 +128,18 @@ def test_on_a_gpu_host_each_worker_sees_the_gpu_of_its_slot(monkeypatch):
     for slot, gpu in ((0, "0"), (1, "1"), (2, "0")):  # a third worker shares round robin
         options["post_fork"](SimpleNamespace(), SimpleNamespace(slot=slot))
         assert os.environ["CUDA_VISIBLE_DEVICES"] == gpu
+
+
+def test_a_port_another_process_holds_is_refused_at_start_naming_it(tmp_path):
+    """The workers bind with SO_REUSEPORT; without the master's check they would fail and be
+    restarted forever on a port another program holds."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run([str(Path(sys.executable).parent / "serve"), "--ml-root",
+                                 str(tmp_path)], env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)},
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert (f"serve: error: port {port} is in use by another process; stop it or choose "
+            "another port with SAGEMAKER_BIND_TO_PORT") in result.stderr
