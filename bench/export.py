@@ -2,7 +2,7 @@
 with its serving_default signature) against the reference, a Keras SavedModel saved without
 traces and without a signature (what the trainer wrote before), for the built-in models.
 
-    python bench/export.py [--repeats 5]
+    python -m bench.export [--repeats 5]
 
 Each model is trained for one step first (as at the end of a job, its functions exist), then
 both ways are timed alternately into fresh folders, so machine load hits both alike; the
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def reference(model, folder: Path) -> None:

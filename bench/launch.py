@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from container import mpirun
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 TRAIN = Path(sys.executable).with_name("train")
 

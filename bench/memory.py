@@ -36,7 +36,7 @@ def bare_import_rss() -> int:
     code = (f"{BARE_IMPORT}\nfrom bench.jobs import peak_rss\nimport os\n"
             f"print(peak_rss(os.getpid()))")
     done = subprocess.run([PYTHON, "-c", code], check=True, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2])
+                          cwd=Path(__file__).resolve().parents[1])
     return int(done.stdout.split()[-1])
 
 

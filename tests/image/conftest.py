@@ -31,7 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("TEST_IMAGE", local_cluster.DEFAULT_IMAGE)
 # Compose projects and containers made by these tests; TEST_PREFIX keeps two concurrent test
 # sessions on one machine from sweeping each other's containers.
-PREFIX = os.environ.get("TEST_PREFIX", "smtest")
+# Under pytest-xdist each worker has its own prefix, so that one's sweep never removes what the
+# other is running.
+PREFIX = "-".join(filter(None, (os.environ.get("TEST_PREFIX", "smtest"),
+                                os.environ.get("PYTEST_XDIST_WORKER"))))
 
 
 def unique(name: str) -> str:
@@ -85,7 +88,14 @@ def sweep_leftovers(engine):
 
 @pytest.fixture(scope="session")
 def image(engine) -> str:
-    """The CPU image, built from the local Debian base (cached layers after the first time)."""
+    """The CPU image, built from the local Debian base (cached layers after the first time).
+    `make test` builds it in a phase of its own before these tests and says so with
+    TEST_IMAGE_BUILT=1: then it is only checked, so that parallel test workers never build
+    into one build context at once."""
+    if os.environ.get("TEST_IMAGE_BUILT") == "1":
+        if engine.run("image", "inspect", IMAGE, check=False).returncode:
+            pytest.fail(f"TEST_IMAGE_BUILT=1 but there is no image {IMAGE}")
+        return IMAGE
     result = run_script(["bash", "scripts/build_image.sh"],
                         {**engine.env, "VARIANT": "cpu", "IMAGE": IMAGE}, BUILD_TIMEOUT_S - 60)
     if result.returncode:

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite from a fresh clone, in phases, each timed, with the times printed
+# at the end (also when a phase fails):
+#   set-up           scripts/container_setup.sh, scripts/setup.sh (venv, Horovod wheel) and
+#                    the local Debian base image
+#   image build      the CPU image the container tests run (scripts/build_image.sh)
+#   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP)
+#   container tests  tests/image: the image, compose clusters, the fault matrix, push
+# PYTEST_ARGS adds arguments to both pytest runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=.venv/bin/python
+phases=()
+started=$SECONDS
+
+report() {
+  echo
+  echo "make test: time per phase"
+  local line
+  for line in "${phases[@]}"; do echo "  $line"; done
+  echo "  total            $((SECONDS - started)) s"
+}
+trap report EXIT
+
+phase() {
+  local name=$1 start=$SECONDS status
+  shift
+  echo "=== make test: $name"
+  "$@"
+  status=$?
+  phases+=("$(printf '%-16s %4d s%s' "$name" $((SECONDS - start)) "$([ $status -ne 0 ] && echo "  (failed: $status)")")")
+  [ $status -eq 0 ] || exit $status
+}
+
+# The Debian packages first (one apt at a time), then the local base image (debootstrap: mostly
+# downloads) beside the venv and the Horovod compile (mostly CPU).
+phase "set-up" bash -c 'bash scripts/container_setup.sh && { bash scripts/make_base_image.sh & base=$!
+                        bash scripts/setup.sh; built=$?; wait $base && exit $built; }'
+phase "image build" bash scripts/build_image.sh
+# Two pytest workers (pytest-xdist), each taking whole files: most tests wait on processes,
+# containers or deadlines as much as they compute, so two at a time fill the 2 cores better.
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
+phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile -m "not container" ${PYTEST_ARGS:-}
+# shellcheck disable=SC2086
+phase "container tests" env TEST_IMAGE_BUILT=1 \
+  $PY -m pytest -q -n 2 --dist loadfile -m container tests/image ${PYTEST_ARGS:-}
