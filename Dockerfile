@@ -6,7 +6,7 @@
 #   docker build -t sagemaker-horovod .
 #     CUDA 12.2 / cuDNN 8.9 bases (what TensorFlow 2.15.1 is built for), tensorflow[and-cuda],
 #     Horovod compiled with NCCL.
-# CPU variant (what the tests build here, from a local Debian base; see "The container image" in README.md):
+# CPU variant (what the tests build here, from a local Debian base; see docs/image.md):
 #   docker build --build-arg VARIANT=cpu \
 #     --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg BUILD_BASE_IMAGE=debian:bookworm-slim .
 #

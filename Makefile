@@ -31,7 +31,7 @@ test-unit: setup
 # --- container image, local clusters, push --------------------------------------------
 # Docker when a daemon answers, else podman with the project's scripts/containers.conf
 # (scripts/engine.sh; CONTAINER_ENGINE=docker|podman overrides). VARIANT=gpu|cpu (default:
-# gpu when nvidia-smi sees a GPU, else cpu). See "The container image" in README.md.
+# gpu when nvidia-smi sees a GPU, else cpu). See docs/image.md.
 .PHONY: container-setup base-image build test-container local-train local-serve push
 HOSTS ?= 2
 LOCAL_EPOCHS ?= 5
@@ -96,7 +96,7 @@ sagemaker-transform: setup
 	$(SAGEMAKER_TOOL) transform $(ARGS)
 
 # --- inference server -----------------------------------------------------------------
-# See "Serving the model" in README.md. The benchmark trains the default job into build/bench-serve
+# See docs/serving.md. The benchmark trains the default job into build/bench-serve
 # first when no model is there.
 .PHONY: test-serve bench-serve soak-serve
 

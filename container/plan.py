@@ -34,7 +34,7 @@ BUILTIN_CHANNELS = ("train", "validation", "weights")
 # down after 10 minutes instead of letting it hang until SageMaker's max runtime.
 STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
-# CPU-only hosts (measured in the README's "Training performance" section):
+# CPU-only hosts (measured in docs/performance.md, "Training"):
 # - OpenMPI busy-polls by default, so Horovod's background thread (an MPI collective every
 #   HOROVOD_CYCLE_TIME, 1 ms by default) takes CPU from TensorFlow's compute threads while it
 #   waits for the other ranks (runnable 95% of the time). Yield while idle, coordinate every

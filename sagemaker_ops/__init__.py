@@ -13,5 +13,5 @@ The shape everywhere is arguments -> typed config -> validated request -> print 
 - `aws`           the edge: boto3 clients, sending, following status and CloudWatch logs
 - `cli`           the command line
 
-See "Running on SageMaker" in README.md for the operator's view.
+See docs/sagemaker.md for the operator's view.
 """

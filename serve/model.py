@@ -10,7 +10,7 @@ The highest numeric version wins; several differently named models are refused, 
 
 How it is called: through its `serving_default` signature (input names, shapes and dtypes from
 the signature; outputs by name), which any SavedModel consumer uses. A Keras SavedModel saved
-without one (save_traces=False, as this image's exports before the signature was added) is
+without one (save_traces=False, as older exports of this image) is
 rebuilt by Keras and its forward pass traced once. Either way `predict` calls one concrete
 function, not `keras.Model.predict`, which builds a tf.data pipeline and callbacks on every call
 (milliseconds even for one row), nor the revived Keras model eagerly (layer by layer from

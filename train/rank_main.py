@@ -21,8 +21,8 @@ def main(context: RankContext) -> None:
 
     train(context, job.trainer, job.batches)
     # Everything is written. Without this the interpreter's final garbage collection walks
-    # TensorFlow's ~500k objects for about a second before the rank exits (measured in the
-    # issue-6 teardown benchmark); frozen objects are skipped. Only for the built-in trainer:
+    # TensorFlow's ~500k objects for about a second before the rank exits (measured by
+    # `make bench` item 4, teardown); frozen objects are skipped. Only for the built-in trainer:
     # a user's script may rely on finalizers.
     gc.freeze()
 

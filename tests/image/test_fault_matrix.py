@@ -3,7 +3,7 @@ on their own compose network, each fault injected the way the field produces it,
 each case every host's exit code, its failure file, and the seconds from the fault to the
 last host's exit (the engine's FinishedAt). Short timeouts (heartbeat 3 s) keep it to minutes.
 
-The seconds are printed as the README's table (`-s` shows it); they are not pass/fail, apart
+The seconds are printed as docs/image.md's table (`-s` shows it); they are not pass/fail, apart
 from a bound that says "no host hung".
 """
 
