@@ -1,6 +1,6 @@
 """Operator tools for running this image on Amazon SageMaker, checked offline before sending.
 
-    python -m sagemaker_ops train|register|deploy|transform [--dry-run] [--wait] ...
+    sagemaker-ops train|register|deploy|transform [--dry-run] [--wait] ...
 
 The shape everywhere is arguments -> typed config -> validated request -> print or send:
 

@@ -1,9 +1,9 @@
 """Command line: arguments -> typed config -> validated requests -> print, or send and follow.
 
-    python -m sagemaker_ops train     ...  # CreateTrainingJob
-    python -m sagemaker_ops register  ...  # CreateAlgorithm
-    python -m sagemaker_ops deploy    ...  # CreateModel, CreateEndpointConfig, CreateEndpoint
-    python -m sagemaker_ops transform ...  # [CreateModel,] CreateTransformJob
+    sagemaker-ops train     ...  # CreateTrainingJob
+    sagemaker-ops register  ...  # CreateAlgorithm
+    sagemaker-ops deploy    ...  # CreateModel, CreateEndpointConfig, CreateEndpoint
+    sagemaker-ops transform ...  # [CreateModel,] CreateTransformJob
 
 Every verb takes `--dry-run` (print the requests as JSON, a list of {operation, request}; no
 AWS call at all, except that `deploy/transform --training-job` reads where that job put its
@@ -215,7 +215,7 @@ def _model_source(parser: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m sagemaker_ops", description=__doc__,
+    top = argparse.ArgumentParser(prog="sagemaker-ops", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = top.add_subparsers(dest="verb", required=True)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import botocore.session
 import botocore.validate
 import pytest
@@ -77,3 +81,16 @@ def test_unicode_classes_accept_text_and_refuse_control_characters():
 def test_enum_comes_from_botocore():
     assert "ml.p4d.24xlarge" in schema.enum("TrainingInstanceType")
     assert schema.enum("TrainingInputMode") == ("Pipe", "File", "FastFile")
+
+
+def test_the_operator_tool_is_an_installed_command():
+    """`pip install .` (make setup) puts `sagemaker-ops` next to the interpreter; its dry run
+    refuses an incomplete job with exit 2 and the option to add, sending nothing."""
+    command = Path(sys.executable).with_name("sagemaker-ops")
+    listed = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0
+    assert "{train,register,deploy,transform}" in listed.stdout
+    refused = subprocess.run([str(command), "train", "--dry-run"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "sagemaker-ops train: error:" in refused.stderr
