@@ -35,6 +35,7 @@ from urllib.parse import unquote, urlparse
 from job.errors import ConfigError
 from job.hyperparameters import decode
 from job.launch_config import LaunchConfig
+from job.paths import MlPaths
 from job.sagemaker_config import JobConfig
 
 REQUIREMENTS = "requirements.txt"
@@ -58,8 +59,11 @@ def prepare(job: JobConfig, launch: LaunchConfig) -> None:
         return
     code_dir = job.paths.code_dir
     local = local_source(uri)
-    if local is not None and local.resolve() == code_dir.resolve():
-        # SageMaker local mode mounts a local source_dir at /opt/ml/code and names it here.
+    # SageMaker local mode mounts a local source_dir at /opt/ml/code and names that path: it
+    # means "the code is already in the code folder", which under `train --ml-root DIR` is
+    # DIR/code.
+    if local is not None and (local.resolve() == code_dir.resolve()
+                              or local == MlPaths().code_dir):
         print(f"launcher: the submit directory {uri} is the code folder itself", flush=True)
     else:
         print(f"launcher: fetching the submit directory {uri} into {code_dir}", flush=True)

@@ -188,12 +188,15 @@ def test_a_requirement_that_fails_to_install(make_job, source):
                         "sm11-no-such-package")
 
 
-def test_the_code_folder_itself_as_in_local_mode(make_job, source):
-    """SageMaker local mode mounts source_dir at /opt/ml/code and names that folder."""
+@pytest.mark.parametrize("named", ["file://{code}", "/opt/ml/code"],
+                         ids=["the code folder's own path", "the SDK's container path"])
+def test_the_code_folder_itself_as_in_local_mode(make_job, source, named):
+    """SageMaker local mode mounts source_dir at /opt/ml/code and names that folder; under
+    `train --ml-root DIR` the code folder is DIR/code, and /opt/ml/code still means it."""
     root = make_job({"sagemaker_program": "train.py"})
     shutil.copytree(source, root / "code")
     (root / "code" / "requirements.txt").write_text("--no-index\nsm11-no-such-package==1.0\n")
-    values = {"sagemaker_submit_directory": json.dumps(f"file://{root / 'code'}")}
+    values = {"sagemaker_submit_directory": json.dumps(named.format(code=root / "code"))}
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(
         {**json.loads((root / "input" / "config" / "hyperparameters.json").read_text()),
          **values}))
