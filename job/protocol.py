@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 import re
+import sysconfig
+import traceback
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 METRICS_PREFIX = "METRICS"
 FAILURE_MARKER = "TRAIN-FAILURE"
@@ -120,12 +123,27 @@ class RankFailure:
                 f"{self.error}")
 
 
+def failing_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """Where `error` was raised: the innermost frame of the traceback outside Python's own
+    library and installed packages (the user's code that failed), else the innermost one."""
+    frames = traceback.extract_tb(error.__traceback__)
+    library = tuple(sysconfig.get_paths()[name] for name in ("stdlib", "purelib", "platlib"))
+    own = [frame for frame in frames if not frame.filename.startswith(library)]
+    return (own or frames or [None])[-1]
+
+
 def rank_failure(rank: int, host: str, error: BaseException) -> RankFailure:
-    """The report of a rank dying of `error`; an error may declare its `kind` (ConfigError)."""
-    kind = getattr(error, "kind", FailureKind.RANK)
-    text = f"{type(error).__name__}: {error}".replace("\n", " ").strip()
+    """The report of a rank dying of `error`; an error may declare its `kind` (ConfigError).
+    An error of no declared kind is a bug in the rank's code: the report names the file and
+    line it was raised at, since a bare `assert` says nothing else."""
+    kind = getattr(error, "kind", None)
+    text = f"{type(error).__name__}: {error}".strip().removesuffix(":")
+    frame = None if isinstance(kind, FailureKind) else failing_frame(error)
+    if frame is not None:
+        source = f": {frame.line}" if frame.line else ""
+        text += f" (at {Path(frame.filename).name}, line {frame.lineno}{source})"
     return RankFailure(rank, host, kind if isinstance(kind, FailureKind) else FailureKind.RANK,
-                       text[:REPORT_LIMIT])
+                       text.replace("\n", " ")[:REPORT_LIMIT])
 
 
 _FAILURE = re.compile(re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d+) host=(?P<host>\S+) "

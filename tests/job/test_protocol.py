@@ -29,6 +29,19 @@ def test_a_rank_failure_report_carries_its_kind(error, kind, code):
     assert "\n" not in report.line()
 
 
+def test_a_bare_assert_is_reported_with_its_file_line_and_source(tmp_path):
+    script = tmp_path / "check_rows.py"
+    script.write_text("def check(rows):\n    assert len(rows) == 3\n")
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    try:
+        namespace["check"]([1, 2])
+    except AssertionError as error:
+        report = rank_failure(1, "algo-2", error)
+    assert report.error == "AssertionError (at check_rows.py, line 2: assert len(rows) == 3)"
+    assert report.kind is FailureKind.RANK
+
+
 def test_exit_codes_of_every_kind():
     assert {kind: exit_code(kind, rank_code=7) for kind in FailureKind} == {
         FailureKind.CONFIG: 2, FailureKind.CLUSTER: 3, FailureKind.RANK: 7,

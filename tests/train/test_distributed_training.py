@@ -167,6 +167,18 @@ def test_diverged_weights_fail_loudly(make_script_job):
     assert failure.startswith("rank ") and "(exit code" in failure
 
 
+def test_a_bare_assert_in_a_users_script_names_its_file_and_line(make_script_job):
+    root = make_script_job("checks.py", {"processes_per_host": 2},
+        "from mpi4py import MPI\n"
+        "rows = [1, 2] if MPI.COMM_WORLD.rank == 1 else [1, 2, 3]\n"
+        "assert len(rows) == 3\n")
+    result = run_train(root, timeout=120)
+    assert result.returncode == 1
+    assert failure_of(root).startswith("rank 1 on host algo-1 failed (exit code 1): "
+                                       "AssertionError (at checks.py, line 3: "
+                                       "assert len(rows) == 3)"), failure_of(root)
+
+
 def test_a_failing_rank_stops_the_job_within_seconds(make_script_job):
     root = make_script_job("fail.py", {"processes_per_host": 2},
         "import time\n"
