@@ -4,8 +4,9 @@
 
 The script gets the SM_* environment that the sagemaker-training toolkit defines (made by the
 toolkit's own code, for this rank's host: SM_CURRENT_HOST is this rank's host, never the
-leader's), the hyperparameters as `--name value` arguments, and runs as `__main__` with its
-folder on sys.path, so a script written for AWS's containers runs unmodified. The
+leader's), the hyperparameters as `--name value` arguments, and runs as `__main__` from the
+code folder with its own folder on sys.path, so a script written for AWS's containers runs
+unmodified. The
 hyperparameters come from the job the launcher validated (job.rank_job), never from
 hyperparameters.json again.
 """
@@ -43,8 +44,11 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
 
 
 def main(context: RankContext) -> None:
-    script, arguments = Path(sys.argv[1]), sys.argv[2:]
+    script, arguments = Path(sys.argv[1]).resolve(), sys.argv[2:]
     os.environ.update(sm_environment(context, read_rank_job()))
+    # AWS's containers run the script from the code folder: files shipped beside it open by
+    # their relative names, and relative outputs land there, not among the image's code.
+    os.chdir(context.paths.code_dir)
     sys.argv = [str(script), *arguments]
     sys.path.insert(0, str(script.parent))
     runpy.run_path(str(script), run_name="__main__")

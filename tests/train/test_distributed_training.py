@@ -206,12 +206,15 @@ def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
         "from mpi4py import MPI\n"
         "keys = ['SM_CURRENT_HOST', 'SM_HOSTS', 'SM_MODEL_DIR', 'SM_CHANNEL_TRAIN', 'SM_NUM_GPUS', 'SM_HPS']\n"
         "out = os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], f'rank{MPI.COMM_WORLD.rank}.json')\n"
-        "json.dump({'argv': sys.argv[1:], **{k: os.environ.get(k) for k in keys}}, open(out, 'w'))\n")
+        "json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd(), 'shipped': open('shipped.txt').read(),\n"
+        "           **{k: os.environ.get(k) for k in keys}}, open(out, 'w'))\n")
+    (root / "code" / "shipped.txt").write_text("beside the script")
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     for rank in (0, 1):
         seen = json.loads((root / "output" / "data" / f"rank{rank}.json").read_text())
         assert seen["argv"] == ["--epochs", "3", "--optimizer", "adam"]
+        assert (seen["cwd"], seen["shipped"]) == (str(root / "code"), "beside the script")
         assert seen["SM_CURRENT_HOST"] == "algo-1" and json.loads(seen["SM_HOSTS"]) == ["algo-1"]
         assert seen["SM_MODEL_DIR"] == str(root / "model")
         assert seen["SM_CHANNEL_TRAIN"] == str(root / "input" / "data" / "train")
