@@ -14,6 +14,7 @@ SM_CURRENT_HOST, and checks the placement against OpenMPI's local rank at start.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -130,6 +131,31 @@ def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(mapping.to_cmd_args({k: decode(v) for k, v in hyperparameters.items()}))
 
 
+# Variables that describe one host, one process or one rank: never handed from the leader's
+# container to the ranks of the others (each host's ssh session, OpenMPI and the SageMaker
+# toolkit set their own).
+PER_HOST_NAMES = frozenset({"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "SHELL",
+                            "USER", "LOGNAME", "MAIL", "DISPLAY", "CUDA_VISIBLE_DEVICES",
+                            "NVIDIA_VISIBLE_DEVICES"})
+PER_HOST_PREFIXES = ("SSH_", "OMPI_", "PMIX_", "OPAL_", "PRTE_", "ORTE_", "HYDRA_", "TRAIN_",
+                     "SM_")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def forwarded_environment(environ: Mapping[str, str], explicit: Mapping[str, str]) -> tuple[str, ...]:
+    """The names of the container's variables every rank on every host gets (`-x NAME`).
+
+    Ranks on other hosts start from an ssh session, which keeps none of the container's
+    environment, so without this a job's `environment=` (credentials, the region, a user's
+    settings) reached only the leader's ranks. AWS's toolkit passes the whole environment;
+    so do we, minus what belongs to one host, and by name, so that values (secrets among
+    them) never appear in the logged command.
+    """
+    return tuple(sorted(name for name in environ
+                        if _NAME.fullmatch(name) and name not in explicit
+                        and name not in PER_HOST_NAMES and not name.startswith(PER_HOST_PREFIXES)))
+
+
 def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,
                      environ: Mapping[str, str]) -> dict[str, str]:
     env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
@@ -201,10 +227,11 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
         rank_command = [python, "-m", "mpi4py", "-m", "train.rank_main"]
     ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
         else None
+    rank_env = rank_environment(job, cluster, rank_job, gpu_count, environ)
     defaults = mpirun.default_options(
         hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
         interface=cluster.interface, instance_type=cluster.instance_type,
-        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ),
+        rank_env=rank_env, forwarded=forwarded_environment(environ, rank_env),
         ssh_args=ssh_args)
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
     return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,

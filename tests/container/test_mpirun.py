@@ -159,3 +159,27 @@ def test_script_mode_refuses_a_program_outside_the_code_folder(tmp_path, program
     the_job = JobConfig(paths, ResourceConfig("algo-1", ("algo-1",)), {"sagemaker_program": program}, {})
     with pytest.raises(ConfigError, match=f"program {program!r} points outside the code folder"):
         plan(the_job)
+
+
+def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_host():
+    """Ranks on other hosts start from ssh, which keeps none of the container's environment:
+    the job's own variables travel by name (`-x NAME`, so no value is logged), except those
+    that describe one host, process or rank."""
+    environ = {**ENV, "USER_SETTING": "on", "AWS_REGION": "eu-west-1",
+               "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/x", "HOSTNAME": "ip-10",
+               "SSH_CONNECTION": "a b", "OMPI_MCA_foo": "1", "SM_CURRENT_HOST": "algo-1",
+               "TRAIN_ML_ROOT": "/elsewhere", "BASH_FUNC_f%%": "() { :; }"}
+    hosts = ["algo-1", "algo-2"]
+    the_job = job(hosts, "algo-1")
+    two_hosts = make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, environ),
+                          gpu_count=0, python=PYTHON, runtime=Path("/run/job"),
+                          environ=environ).mpirun
+    forwarded = [two_hosts[i + 1] for i, token in enumerate(two_hosts)
+                 if token == "-x" and "=" not in two_hosts[i + 1]]
+    assert forwarded == ["AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_REGION", "USER_SETTING"]
+    assert "/v2/credentials/x" not in " ".join(two_hosts)
+    one = job(["algo-1"], "algo-1")
+    one_host = make_plan(one, validate_hyperparameters(one.hyperparameters, environ),
+                         gpu_count=0, python=PYTHON, runtime=Path("/run/job"),
+                         environ=environ).mpirun
+    assert "USER_SETTING" not in one_host  # local ranks inherit mpirun's environment

@@ -18,7 +18,12 @@ from tests.conftest import TRAIN, failure_of
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
-PROBE = '''
+# The job's environment as SageMaker gives it to every container (Estimator(environment=...),
+# the credentials endpoint of the job's role, the region).
+JOB_ENV = {"USER_SETTING": "on every host", "AWS_REGION": "eu-west-1",
+           "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/job-role"}
+
+PROBE = f"JOB_ENV = {sorted(JOB_ENV)!r}\n" + '''
 import json, os, socket
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -26,7 +31,8 @@ hvd.init()
 total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().tolist()
 out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank{hvd.rank()}.json")
 json.dump({"host": os.environ["SM_CURRENT_HOST"], "ssh": os.environ.get("SSH_CONNECTION"),
-           "sum": total}, open(out, "w"))
+           "sum": total, "cwd": os.getcwd(),
+           "env": {name: os.environ.get(name) for name in JOB_ENV}}, open(out, "w"))
 '''
 
 
@@ -41,9 +47,10 @@ def cluster(make_job, make_script_job):
     return make
 
 
-def start(root):
+def start(root, env=None):
     return subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
 
 
 def runtime_of(launcher_pid):
@@ -57,7 +64,7 @@ def runtime_of(launcher_pid):
 
 def test_a_job_crosses_hosts_over_ssh(cluster):
     roots = cluster({}, "probe.py", PROBE)
-    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    worker, leader = start(roots["127.0.0.2"], JOB_ENV), start(roots["127.0.0.1"], JOB_ENV)
     leader_output = leader.communicate(timeout=240)[0]
     worker_output = worker.communicate(timeout=30)[0]
     assert leader.returncode == 0, leader_output[-3000:]
@@ -69,6 +76,9 @@ def test_a_job_crosses_hosts_over_ssh(cluster):
     assert [r["host"] for r in ranks] == HOSTS
     assert ranks[0]["ssh"] is None and ranks[1]["ssh"] is not None  # rank 1 came over ssh
     assert ranks[0]["sum"] == ranks[1]["sum"] == [3.0]
+    assert ranks[0]["env"] == ranks[1]["env"] == JOB_ENV  # on the worker's rank too
+    assert ranks[1]["cwd"] == str(roots["127.0.0.1"] / "code")
+    assert "/v2/credentials/job-role" not in leader_output  # forwarded by name, never logged
 
 
 def test_the_builtin_trainer_across_hosts(cluster):
