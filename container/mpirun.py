@@ -93,7 +93,8 @@ def default_options(*, hosts: tuple[str, ...], processes_per_host: int, interfac
                     instance_type: str, rank_env: dict[str, str],
                     ssh_args: str | None, forwarded: tuple[str, ...] = ()) -> list[Option]:
     """The launcher's defaults for one job. `ssh_args` is None on a single host (no ssh);
-    `forwarded` names variables every rank gets with mpirun's own value (`-x NAME`)."""
+    `forwarded` names variables every rank gets with mpirun's own value (`-x NAME`), unless
+    an option here already sets them."""
     world_size = len(hosts) * processes_per_host
     multi_host = ssh_args is not None
     host_list = ",".join(f"{host}:{processes_per_host}" for host in hosts) if multi_host \
@@ -118,10 +119,12 @@ def default_options(*, hosts: tuple[str, ...], processes_per_host: int, interfac
         options.append(Option(("-x", "FI_PROVIDER=efa")))
         if instance_type.startswith(EFA_RDMA_FAMILIES):
             options.append(Option(("-x", "FI_EFA_USE_DEVICE_RDMA=1")))
+    explicit = [Option(("-x", f"{name}={value}")) for name, value in rank_env.items()]
     if multi_host:  # local ranks inherit mpirun's environment anyway
-        options += [Option(("-x", name)) for name in forwarded]
-    options += [Option(("-x", f"{name}={value}")) for name, value in rank_env.items()]
-    return options
+        taken = {option.key for option in options + explicit}
+        options += [option for option in (Option(("-x", name)) for name in forwarded)
+                    if option.key not in taken]
+    return options + explicit
 
 
 def build_argv(options: list[Option], rank_command: list[str]) -> list[str]:

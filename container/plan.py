@@ -142,7 +142,7 @@ PER_HOST_PREFIXES = ("SSH_", "OMPI_", "PMIX_", "OPAL_", "PRTE_", "ORTE_", "HYDRA
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def forwarded_environment(environ: Mapping[str, str], explicit: Mapping[str, str]) -> tuple[str, ...]:
+def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The names of the container's variables every rank on every host gets (`-x NAME`).
 
     Ranks on other hosts start from an ssh session, which keeps none of the container's
@@ -152,8 +152,8 @@ def forwarded_environment(environ: Mapping[str, str], explicit: Mapping[str, str
     them) never appear in the logged command.
     """
     return tuple(sorted(name for name in environ
-                        if _NAME.fullmatch(name) and name not in explicit
-                        and name not in PER_HOST_NAMES and not name.startswith(PER_HOST_PREFIXES)))
+                        if _NAME.fullmatch(name) and name not in PER_HOST_NAMES
+                        and not name.startswith(PER_HOST_PREFIXES)))
 
 
 def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,
@@ -227,11 +227,11 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
         rank_command = [python, "-m", "mpi4py", "-m", "train.rank_main"]
     ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
         else None
-    rank_env = rank_environment(job, cluster, rank_job, gpu_count, environ)
     defaults = mpirun.default_options(
         hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
         interface=cluster.interface, instance_type=cluster.instance_type,
-        rank_env=rank_env, forwarded=forwarded_environment(environ, rank_env),
+        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ),
+        forwarded=forwarded_environment(environ),
         ssh_args=ssh_args)
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
     return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,

@@ -11,8 +11,8 @@ its tag (`[1,0]<stdout>:`), so every parser here searches inside a line. The lin
 The failure report carries the kind of failure (`FailureKind`), so a configuration or data
 error raised inside a rank ends the job with the configuration exit code on every host, and
 `exit_code` is the one mapping of kinds to exit codes. Dependency-free on purpose: the
-launcher (container/), the rank programs (train/) and the operator tools (scripts/) all
-import it.
+launcher (container/), the rank programs (train/) and the operator tool (sagemaker_ops/)
+all import it.
 """
 
 from __future__ import annotations

@@ -168,7 +168,8 @@ def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_ho
     environ = {**ENV, "USER_SETTING": "on", "AWS_REGION": "eu-west-1",
                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/x", "HOSTNAME": "ip-10",
                "SSH_CONNECTION": "a b", "OMPI_MCA_foo": "1", "SM_CURRENT_HOST": "algo-1",
-               "TRAIN_ML_ROOT": "/elsewhere", "BASH_FUNC_f%%": "() { :; }"}
+               "TRAIN_ML_ROOT": "/elsewhere", "BASH_FUNC_f%%": "() { :; }",
+               "NCCL_SOCKET_IFNAME": "eth9"}  # the launcher sets that one itself
     hosts = ["algo-1", "algo-2"]
     the_job = job(hosts, "algo-1")
     two_hosts = make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, environ),
