@@ -6,9 +6,12 @@ The script gets the SM_* environment that the sagemaker-training toolkit defines
 toolkit's own code, for this rank's host: SM_CURRENT_HOST is this rank's host, never the
 leader's), the hyperparameters as `--name value` arguments, and runs as `__main__` from the
 code folder with its own folder on sys.path, so a script written for AWS's containers runs
-unmodified. The
-hyperparameters come from the job the launcher validated (job.rank_job), never from
-hyperparameters.json again.
+unmodified. The hyperparameters come from the job the launcher validated (job.rank_job), never
+from hyperparameters.json again.
+
+The user's modules win over ours: `train.py`, `job.py` or a `serve/` package beside the script
+is what `import train` gives the script, even though this runner already imported our packages
+of those names (the runner keeps the objects it holds; only the names are handed over).
 """
 
 from __future__ import annotations
@@ -43,6 +46,26 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     return {key: str(value) for key, value in env.to_env_vars().items()}
 
 
+# The top-level names this project installs (pyproject.toml's package list).
+OUR_PACKAGES = ("job", "container", "train", "serve", "sagemaker_ops")
+
+
+def shadowed(folder: Path, names: tuple[str, ...] = OUR_PACKAGES) -> list[str]:
+    """Our package names that a module or regular package in `folder` claims.
+
+    A folder without __init__.py is only a namespace portion, which loses to an installed
+    package anyway, so it does not count (a data folder called `model/` stays data).
+    """
+    return [name for name in names
+            if (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()]
+
+
+def release(names: list[str]) -> None:
+    """Forget our imported modules under these names, so the next import finds the user's."""
+    for key in [key for key in sys.modules if key.partition(".")[0] in names]:
+        del sys.modules[key]
+
+
 def main(context: RankContext) -> None:
     script, arguments = Path(sys.argv[1]).resolve(), sys.argv[2:]
     os.environ.update(sm_environment(context, read_rank_job()))
@@ -51,6 +74,7 @@ def main(context: RankContext) -> None:
     os.chdir(context.paths.code_dir)
     sys.argv = [str(script), *arguments]
     sys.path.insert(0, str(script.parent))
+    release(shadowed(script.parent))
     runpy.run_path(str(script), run_name="__main__")
 
 

@@ -221,6 +221,48 @@ def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
         assert json.loads(seen["SM_HPS"]) == {"epochs": 3, "optimizer": "adam"}
 
 
+USERS_MODULES = ("train", "serve", "container", "job", "utils", "model")
+
+
+def test_a_users_modules_win_over_the_images_packages_of_the_same_name(make_script_job):
+    """`from train import build_model` in a user's main.py found our package before."""
+    root = make_script_job("main.py", {"processes_per_host": 2},
+        "import json, os\n"
+        "from mpi4py import MPI\n"
+        "from train import build_model\n"
+        "import serve, container, job, utils, model\n"
+        "names = {m.__name__: m.OWNER for m in (serve, container, job, utils, model)}\n"
+        "out = os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], f'rank{MPI.COMM_WORLD.rank}.json')\n"
+        "json.dump({'train': build_model(), **names}, open(out, 'w'))\n"
+        "assert job.OWNER == 'nobody', 'the failure report still works after the hand-over'\n")
+    code = root / "code"
+    for name in USERS_MODULES[1:3] + USERS_MODULES[4:]:
+        (code / f"{name}.py").write_text("OWNER = 'user'\n")
+    (code / "train.py").write_text("def build_model():\n    return 'user'\n")
+    (code / "job").mkdir()  # a package, not a module
+    (code / "job" / "__init__.py").write_text("OWNER = 'user'\n")
+    result = run_train(root, timeout=120)
+    assert result.returncode == 1
+    for rank in (0, 1):
+        seen = json.loads((root / "output" / "data" / f"rank{rank}.json").read_text())
+        assert seen == dict.fromkeys(USERS_MODULES, "user")
+    failure = failure_of(root)
+    assert "AssertionError: the failure report still works after the hand-over" in failure, failure
+
+
+def test_a_data_folder_named_like_our_package_does_not_hide_the_helper(make_script_job):
+    root = make_script_job("main.py", {"processes_per_host": 1},
+        "import os\n"
+        "from train import distributed\n"
+        "distributed.init()\n"
+        "open(os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], 'size'), 'w').write(str(distributed.size()))\n")
+    (root / "code" / "train").mkdir()  # data, no __init__.py
+    (root / "code" / "train" / "rows.csv").write_text("1,2\n")
+    result = run_train(root, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (root / "output" / "data" / "size").read_text() == "1"
+
+
 def test_example_user_script_trains(make_script_job):
     example = ROOT / "train" / "examples" / "keras_script.py"
     root = make_script_job("keras_script.py", {"processes_per_host": 2, "epochs": 2},
