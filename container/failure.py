@@ -21,13 +21,14 @@ import re
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from job.paths import MlPaths
 from job.protocol import FailureKind, RankFailure, exit_code, parse_rank_failure
 
 FAILURE_LIMIT = 1024
 
+_FRAME = re.compile(r"^-{20,}$")  # OpenMPI frames each help message with these
 _TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
 _ABORT = re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
                     r"with errorcode (?P<code>-?\d+)")
@@ -121,9 +122,27 @@ def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]
         host = ssh["host"] or ssh["unresolved"]
         return Outcome.failed(FailureKind.CLUSTER, f"mpirun could not start ranks on host "
                               f"{host} over ssh: {ssh.group(0).strip()}")
+    message = openmpi_message(log.untagged)
+    if message:
+        return Outcome.failed(FailureKind.RANK, f"mpirun exited with code {exit_code}: "
+                              f"OpenMPI says: {message}", exit_code)
     last = next((line for line in reversed(log.tail) if line.strip()), "no output")
     return Outcome.failed(FailureKind.RANK, f"mpirun exited with code {exit_code}; last "
                           f"output: {last.strip()}", exit_code)
+
+
+def openmpi_message(lines: Iterable[str]) -> str | None:
+    """The first of OpenMPI's framed help messages (between lines of dashes), as one line:
+    the first one names the cause; those after it are its consequences."""
+    block: list[str] | None = None
+    for line in lines:
+        if _FRAME.match(line):
+            if block:
+                return " ".join(block)
+            block = []
+        elif block is not None and line.strip():
+            block.append(" ".join(line.split()))
+    return None
 
 
 def _code_of(text: str, rank: int) -> int | None:

@@ -5,13 +5,20 @@ so every host retries until a deadline. A timeout names exactly the hosts that n
 which is the line a user needs instead of "Cannot connect to host algo-1" in a hang.
 Polling backs off from 0.1 s to 1 s: quick when things are quick, cheap when they are not.
 `free_port` finds a port for the servers that tests and benchmarks start on loopback.
+
+The interface OpenMPI is told to use comes from resourceconfig.json, and it is not always
+there: SageMaker's local mode writes `ethwe`, and some instance types name theirs otherwise.
+`interface_for` then picks the interface that carries the host's cluster address.
 """
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import socket
+import struct
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from job.errors import PlatformError
 
@@ -72,3 +79,34 @@ def free_port() -> int:
 def wait_sshd(hosts: Iterable[str], port: int, timeout: float) -> None:
     poll_until(lambda host: ssh_banner(host, port), hosts, timeout,
                f"sshd did not answer on port {port} of these hosts")
+
+
+def interface_for(named: str, address: str,
+                  interfaces: Mapping[str, ipaddress.IPv4Interface]) -> str | None:
+    """`named` when this host has it; else the interface whose address is `address`, else
+    the one whose network holds it (127.0.0.2 is on lo's 127.0.0.0/8); None when none does."""
+    if named in interfaces:
+        return named
+    ip = ipaddress.IPv4Address(address)
+    exact = [name for name, interface in interfaces.items() if interface.ip == ip]
+    holding = [name for name, interface in interfaces.items() if ip in interface.network]
+    return next(iter(exact + holding), None)
+
+
+_SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
+
+
+def local_interfaces() -> dict[str, ipaddress.IPv4Interface]:
+    """This host's interfaces that have an IPv4 address, with their networks."""
+    found = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                address = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)[20:24]
+                netmask = fcntl.ioctl(probe.fileno(), _SIOCGIFNETMASK, request)[20:24]
+            except OSError:  # no IPv4 address on this one
+                continue
+            found[name] = ipaddress.IPv4Interface(
+                f"{socket.inet_ntoa(address)}/{socket.inet_ntoa(netmask)}")
+    return found

@@ -34,6 +34,7 @@ What it does, on every host of the job:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -54,7 +55,7 @@ from job.validated import validate_hyperparameters
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import LaunchPlan, make_plan
 from job.protocol import FailureKind, Mark, mark_line
-from job.sagemaker_config import read_job_config
+from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_mpirun
 
 
@@ -92,6 +93,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         job = read_job_config(paths)
         settings = validate_hyperparameters(job.hyperparameters, os.environ)
         source_dir.prepare(job, settings.launch)
+        job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
         plan = make_plan(job, settings, gpu_count=count_gpus(), python=sys.executable,
                          runtime=runtime, environ=os.environ)
         if dry_run:
@@ -108,6 +110,33 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     return report(paths, outcome, dry_run)
+
+
+def with_usable_interface(job: JobConfig, host_timeout: float, dry_run: bool) -> JobConfig:
+    """The job with an interface this host has: resourceconfig.json's when it is here, else
+    the one carrying this host's cluster address (logged). Only a cluster needs one; a dry
+    run does not wait for its host name to resolve."""
+    resources = job.resources
+    named, host = resources.network_interface_name, resources.current_host
+    interfaces = network.local_interfaces()
+    if len(resources.hosts) == 1 or named in interfaces:
+        return job
+    if not dry_run:
+        network.wait_resolvable([host], resources.hosts[0], host_timeout)
+    elif not network.resolves(host):
+        return job
+    address = network.address_of(host)
+    chosen = network.interface_for(named, address, interfaces)
+    if chosen is None:
+        print(f"launcher: network interface {named} (resourceconfig.json) is not on this host "
+              f"and none carries {host}'s address {address} ("
+              f"{', '.join(f'{name} {value}' for name, value in interfaces.items())}); "
+              f"keeping {named}", flush=True)
+        return job
+    print(f"launcher: network interface {named} (resourceconfig.json) is not on this host; "
+          f"using {chosen}, which carries {host}'s address {address}", flush=True)
+    return dataclasses.replace(job, resources=dataclasses.replace(
+        resources, network_interface_name=chosen))
 
 
 def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:

@@ -84,6 +84,15 @@ def test_anything_else_quotes_the_last_line():
         FailureKind.RANK, "mpirun exited with code 9; last output: mpirun: the end", 9)
 
 
+def test_openmpis_first_framed_message_is_the_reason_not_its_closing_dashes():
+    frame = "-" * 74
+    log = log_of(f"{frame}\nNo OpenFabrics connection schemes reported\n  that they were able\n\n"
+                 f"{frame}\n{frame}\nNo network interfaces were found.\n{frame}\n")
+    assert summarize(log, 1, host_of) == Outcome(
+        FailureKind.RANK, "mpirun exited with code 1: OpenMPI says: No OpenFabrics connection "
+        "schemes reported that they were able", 1)
+
+
 def test_failure_file_is_cut_to_what_sagemaker_shows(tmp_path):
     paths = MlPaths(tmp_path)
     write_failure(paths, "é" * 2000)

@@ -165,6 +165,39 @@ def test_hosts_start_in_either_order(cluster, first, late):
     assert (roots["127.0.0.1"] / "output" / "data" / "rank1.json").exists()
 
 
+def with_interface(roots, name):
+    for root in roots.values():
+        path = root / "input" / "config" / "resourceconfig.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "network_interface_name": name}))
+    return roots
+
+
+def test_an_interface_the_host_lacks_gives_way_to_the_one_carrying_its_address(cluster):
+    """SageMaker's local mode writes `ethwe`; OpenMPI failed on it in 3 s before."""
+    roots = with_interface(cluster({}, "probe.py", PROBE), "ethwe")
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader_output = leader.communicate(timeout=240)[0]
+    worker.communicate(timeout=30)
+    assert leader.returncode == worker.returncode == 0, leader_output[-3000:]
+    assert ("launcher: network interface ethwe (resourceconfig.json) is not on this host; "
+            "using lo, which carries 127.0.0.1's address 127.0.0.1") in leader_output
+    assert "btl_tcp_if_include lo -mca oob_tcp_if_include lo" in leader_output
+    assert (roots["127.0.0.1"] / "output" / "data" / "rank1.json").exists()
+
+
+def test_openmpis_own_error_is_the_failure_reason(cluster):
+    roots = cluster({"mpi_options": "-mca btl_tcp_if_include nosuch0 "
+                                    "-mca oob_tcp_if_include nosuch0"}, "probe.py", PROBE)
+    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
+    leader_output = leader.communicate(timeout=120)[0]
+    worker.communicate(timeout=30)
+    assert leader.returncode == worker.returncode == 1, leader_output[-3000:]
+    assert failure_of(roots["127.0.0.1"]) == (
+        "mpirun exited with code 1: OpenMPI says: None of the TCP networks specified to be "
+        "included for out-of-band communications could be found: Value given: nosuch0 Please "
+        "revise the specification and try again.")
+
+
 def test_a_data_error_in_a_rank_exits_2_on_every_host(cluster):
     roots = cluster({"epochs": 1})
     # Ranks read the leader's tree here (TRAIN_ML_ROOT), so both ranks meet the bad row.
