@@ -50,14 +50,17 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
 OUR_PACKAGES = ("job", "container", "train", "serve", "sagemaker_ops")
 
 
-def shadowed(folder: Path, names: tuple[str, ...] = OUR_PACKAGES) -> list[str]:
-    """Our package names that a module or regular package in `folder` claims.
+def shadowed(script: Path, names: tuple[str, ...] = OUR_PACKAGES) -> list[str]:
+    """Our package names that a module or regular package beside `script` claims.
 
-    A folder without __init__.py is only a namespace portion, which loses to an installed
-    package anyway, so it does not count (a data folder called `model/` stays data).
+    The script itself does not count: a `train.py` that says `from train import distributed`
+    (the most common script name, using our helper) means ours. A folder without __init__.py
+    is only a namespace portion, which loses to an installed package anyway, so it does not
+    count either (a data folder called `model/` stays data).
     """
-    return [name for name in names
-            if (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()]
+    folder = script.parent
+    return [name for name in names if name != script.stem and (
+        (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file())]
 
 
 def release(names: list[str]) -> None:
@@ -74,7 +77,7 @@ def main(context: RankContext) -> None:
     os.chdir(context.paths.code_dir)
     sys.argv = [str(script), *arguments]
     sys.path.insert(0, str(script.parent))
-    release(shadowed(script.parent))
+    release(shadowed(script))
     runpy.run_path(str(script), run_name="__main__")
 
 
