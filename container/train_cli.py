@@ -118,8 +118,10 @@ def with_usable_interface(job: JobConfig, host_timeout: float, dry_run: bool) ->
     run does not wait for its host name to resolve."""
     resources = job.resources
     named, host = resources.network_interface_name, resources.current_host
+    if len(resources.hosts) == 1:
+        return job
     interfaces = network.local_interfaces()
-    if len(resources.hosts) == 1 or named in interfaces:
+    if named in interfaces:
         return job
     if not dry_run:
         network.wait_resolvable([host], resources.hosts[0], host_timeout)

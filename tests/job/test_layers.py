@@ -87,3 +87,14 @@ def test_the_server_uses_gunicorn_only_through_its_documented_api():
     assert used <= {"gunicorn.app.base", "gunicorn.app.base.BaseApplication",
                     "gunicorn.glogging", "gunicorn.glogging.Logger"}, sorted(used)
     assert not [name for name in used if name.rsplit(".", 1)[-1].startswith("_")]
+
+
+def test_script_mode_hands_over_every_name_the_project_installs():
+    """train/script_runner.py's list of our names must follow pyproject's package list."""
+    import tomllib
+
+    from train.script_runner import OUR_PACKAGES
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    assert sorted(OUR_PACKAGES) == sorted(pattern.removesuffix("*") for pattern in include)
