@@ -147,7 +147,10 @@ COPY job ./job
 COPY container ./container
 COPY train ./train
 COPY serve ./serve
+# sitecustomize hands SDK 3's own drivers (SourceCode without command=) to `train`.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+ && cp container/sitecustomize.py \
+      "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sitecustomize.py" \
  && rm -rf build ./*.egg-info \
  && command -v train serve
 

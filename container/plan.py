@@ -29,6 +29,7 @@ from container.source_dir import submit_directory
 from container.sshd import SshFiles, ssh_client_args
 from job.batching import BatchPlan, plan_batches
 from job.rank_job import RankJob
+from job.source_code import SDK_CHANNELS
 
 BUILTIN_CHANNELS = ("train", "validation", "weights")
 # Horovod warns about a rank that stopped joining collectives after 60 s and shuts the job
@@ -173,7 +174,9 @@ def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gp
 
 
 def _check_builtin_channels(job: JobConfig) -> None:
-    unknown = sorted(set(job.channels) - set(BUILTIN_CHANNELS))
+    # SDK 3's SourceCode brings its own two channels even when the command is our `train`.
+    sdk = SDK_CHANNELS if job.source_code else ()
+    unknown = sorted(set(job.channels) - set(BUILTIN_CHANNELS) - set(sdk))
     if unknown:
         raise ConfigError(f"the built-in trainer reads channels {' and '.join(BUILTIN_CHANNELS)}; "
                           f"unknown channel(s): {', '.join(unknown)}")

@@ -37,13 +37,14 @@ from job.hyperparameters import decode
 from job.launch_config import LaunchConfig
 from job.paths import MlPaths
 from job.sagemaker_config import JobConfig
+from job.validated import SUBMIT_ENV
 
 REQUIREMENTS = "requirements.txt"
 
 
 def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
     """The job's submit directory URI, "" when it has none."""
-    return launch.submit_directory or environ.get("SAGEMAKER_SUBMIT_DIRECTORY", "")
+    return launch.submit_directory or environ.get(SUBMIT_ENV, "")
 
 
 def region(job: JobConfig) -> str | None:
@@ -75,7 +76,8 @@ def prepare(job: JobConfig, launch: LaunchConfig) -> None:
             replace_contents(code_dir, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    install_requirements(code_dir, uri)
+    requirements = job.source_code.requirements if job.source_code else ""
+    install_requirements(code_dir, uri, requirements or REQUIREMENTS)
 
 
 def local_source(uri: str) -> Path | None:
@@ -179,20 +181,21 @@ def replace_contents(folder: Path, staging: Path) -> None:
         shutil.move(str(entry), folder / entry.name)
 
 
-def install_requirements(code_dir: Path, uri: str) -> None:
-    """pip-install the code's requirements.txt into this host's Python, from the code folder
-    (so relative paths in it, such as a bundled wheel, resolve there)."""
-    if not (code_dir / REQUIREMENTS).is_file():
+def install_requirements(code_dir: Path, uri: str, name: str) -> None:
+    """pip-install the code's requirements file (requirements.txt, or the one SDK 3's
+    SourceCode names) into this host's Python, from the code folder (so relative paths in
+    it, such as a bundled wheel, resolve there)."""
+    if not (code_dir / name).is_file():
         return
     command = [sys.executable, "-m", "pip", "install", "--no-input",
-               "--disable-pip-version-check", "-r", REQUIREMENTS]
-    print(f"launcher: installing {REQUIREMENTS} of the submit directory", flush=True)
+               "--disable-pip-version-check", "-r", name]
+    print(f"launcher: installing {name} of the submit directory", flush=True)
     result = subprocess.run(command, cwd=code_dir, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     print(result.stdout, end="", flush=True)
     if result.returncode:
         errors = [line for line in result.stdout.splitlines() if line.startswith("ERROR")]
         cause = "; ".join(errors[-2:]) or result.stdout.strip()[-400:]
-        raise ConfigError(f"pip could not install {REQUIREMENTS} of submit directory {uri}: "
+        raise ConfigError(f"pip could not install {name} of submit directory {uri}: "
                           f"{cause}; fix the requirement or make the package reachable from "
                           "the container (a wheel in source_dir, or a reachable index)")

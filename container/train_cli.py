@@ -91,7 +91,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
     try:
         job = read_job_config(paths)
-        settings = validate_hyperparameters(job.hyperparameters, os.environ)
+        settings = validate_hyperparameters(job.hyperparameters, os.environ, job.source_code)
         source_dir.prepare(job, settings.launch)
         job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
         plan = make_plan(job, settings, gpu_count=count_gpus(), python=sys.executable,

@@ -9,6 +9,8 @@
 - inputdataconfig.json: per channel `ContentType`, `TrainingInputMode` (File | Pipe |
   FastFile) and `S3DistributionType` (FullyReplicated | ShardedByS3Key). Missing means
   every channel folder present under input/data is FullyReplicated File input.
+- input/data/sm_drivers/sourcecode.json and distributed.json: what SDK 3's ModelTrainer asked to
+  run (job.source_code); absent for every other job.
 Every problem is a ConfigError that names the file and the field to fix.
 
 `write_job_config` writes the same three files as SageMaker does (its inverse): the default
@@ -25,6 +27,7 @@ from typing import Any
 from job.errors import ConfigError
 from job.hyperparameters import encode
 from job.paths import MlPaths
+from job.source_code import SourceCode, read_source_code
 
 INPUT_MODES = ("File", "FastFile", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
@@ -78,6 +81,7 @@ class JobConfig:
     resources: ResourceConfig
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     channels: dict[str, Channel] = field(default_factory=dict)
+    source_code: SourceCode | None = None  # SDK 3's SourceCode, when the job came from it
 
 
 def _read_json(path: Path, expected: type) -> Any:
@@ -147,7 +151,8 @@ def read_job_config(paths: MlPaths) -> JobConfig:
         paths=paths,
         resources=read_resources(paths.resource_config),
         hyperparameters=read_hyperparameters(paths.hyperparameters),
-        channels=read_channels(paths.input_data_config, paths.data_dir))
+        channels=read_channels(paths.input_data_config, paths.data_dir),
+        source_code=read_source_code(paths))
 
 
 def write_job_config(job: JobConfig) -> None:

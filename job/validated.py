@@ -11,6 +11,11 @@ decides the mode and checks the built-in trainer's config:
 - otherwise the built-in trainer, whose `TrainerConfig` must parse from the user's keys; an
   unknown name is refused with the nearest valid one.
 
+A job from SDK 3's `SourceCode` (job.source_code) says the same things in files: its
+entry_script is the program, its `code` channel the submit directory, MPI's
+process_count_per_node and mpi_additional_options the launcher's settings. A hyperparameter
+given as well wins (mpi_options are joined, the hyperparameter's last, so they win per key).
+
 The launcher calls it before planning and the operator tool (sagemaker_ops) before a job
 is sent, so both refuse the same jobs with the same message.
 """
@@ -18,16 +23,20 @@ is sent, so both refuse the same jobs with the same message.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from job.errors import ConfigError
 from job.hyperparameters import decode, names, parse
 from job.launch_config import SDK_PREFIX, LaunchConfig, split_hyperparameters
 from job.paths import MlPaths
+from job.source_code import SourceCode
 from job.trainer_config import TrainerConfig
 
 PROGRAM_ENV = "SAGEMAKER_PROGRAM"
+SUBMIT_ENV = "SAGEMAKER_SUBMIT_DIRECTORY"
 PROGRAM_KEY = "sagemaker_program"  # how the SDK names the script to the framework containers
 
 
@@ -44,10 +53,12 @@ class JobHyperparameters:
     script: dict[str, Any] = field(default_factory=dict)
 
 
-def validate_hyperparameters(raw: Mapping[str, Any],
-                             environ: Mapping[str, str]) -> JobHyperparameters:
+def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
+                             source: SourceCode | None = None) -> JobHyperparameters:
     """Split and check a job's hyperparameters; ConfigError says what to change."""
     launch, user, ignored = split_hyperparameters(raw)
+    if source is not None:
+        launch = with_source_code(launch, source, environ)
     program = launch.program or environ.get(PROGRAM_ENV, "")
     if program:
         script = {name: decode(value) for name, value in raw.items()
@@ -58,6 +69,22 @@ def validate_hyperparameters(raw: Mapping[str, Any],
     if unknown:
         raise _unknown_names(unknown)
     return JobHyperparameters(launch, "", user, ignored, trainer)
+
+
+def with_source_code(launch: LaunchConfig, source: SourceCode,
+                     environ: Mapping[str, str]) -> LaunchConfig:
+    """The launcher's settings with what SDK 3's SourceCode and distributed= say."""
+    if source.distribution == "torchrun":
+        raise ConfigError("ModelTrainer(distributed=Torchrun(...)) starts PyTorch's torchrun; "
+                          "this image runs TensorFlow ranks with mpirun: use "
+                          "distributed=MPI(process_count_per_node=...) or leave distributed out")
+    options = " ".join(part for part in (shlex.join(source.mpi_options), launch.mpi_options)
+                       if part)
+    submit = launch.submit_directory or environ.get(SUBMIT_ENV, "") or \
+        (str(source.code) if source.code != Path() else "")
+    return replace(launch, program=launch.program or source.entry_script,
+                   processes_per_host=launch.processes_per_host or source.processes_per_host,
+                   mpi_options=options, submit_directory=submit)
 
 
 def _unknown_names(unknown: Mapping[str, Any]) -> ConfigError:

@@ -43,7 +43,12 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
                 for name, c in read_channels(paths.input_data_config, paths.data_dir).items()}
     env = environment.Environment(resource_config=resource_config, input_data_config=channels,
                                   hyperparameters=job.script_hyperparameters)
-    return {key: str(value) for key, value in env.to_env_vars().items()}
+    # The names SDK 3's driver (sm_drivers/scripts/environment.py) adds to the toolkit's, so
+    # scripts written for ModelTrainer find them too.
+    sdk3 = {"SM_MASTER_ADDR": context.hosts[0], "SM_MASTER_PORT": "7777",
+            "SM_SOURCE_DIR": str(paths.code_dir),
+            "SM_ENTRY_SCRIPT": job.program}
+    return {**sdk3, **{key: str(value) for key, value in env.to_env_vars().items()}}
 
 
 # The top-level names this project installs (pyproject.toml's package list).
