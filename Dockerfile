@@ -147,10 +147,12 @@ COPY job ./job
 COPY container ./container
 COPY train ./train
 COPY serve ./serve
-# sitecustomize hands SDK 3's own drivers (SourceCode without command=) to `train`.
+# container/sdk_handover.py, run at every interpreter start through a .pth file, hands SDK 3's
+# own drivers (SourceCode without command=) to `train`.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
- && cp container/sitecustomize.py \
-      "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sitecustomize.py" \
+ && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+ && cp container/sdk_handover.py "$site/byoc_sdk_handover.py" \
+ && echo "import byoc_sdk_handover" > "$site/byoc_sdk_handover.pth" \
  && rm -rf build ./*.egg-info \
  && command -v train serve
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from container import mpirun
+from container.plan import rank_command
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -19,7 +20,7 @@ TRAIN = Path(sys.executable).with_name("train")
 
 def mpirun_argv(ranks: int, module: str, arguments: Sequence[str],
                 rank_env: Mapping[str, str], extra_options: str = "") -> list[str]:
-    """`mpirun <the launcher's single-host defaults> python -m mpi4py -m MODULE ARGS`;
+    """`mpirun <the launcher's single-host defaults> python -P -m mpi4py -m MODULE ARGS`;
     `extra_options` overrides or extends them as the `mpi_options` hyperparameter does."""
     defaults = mpirun.default_options(
         hosts=("localhost",), processes_per_host=ranks, interface="lo", instance_type="local",
@@ -27,7 +28,7 @@ def mpirun_argv(ranks: int, module: str, arguments: Sequence[str],
                   "TF_CPP_MIN_LOG_LEVEL": "2", **rank_env},
         ssh_args=None)
     options = mpirun.merge_options(defaults, mpirun.parse_options(extra_options))
-    return mpirun.build_argv(options, [PYTHON, "-m", "mpi4py", "-m", module, *arguments])
+    return mpirun.build_argv(options, rank_command(PYTHON, module, *arguments))
 
 
 def log(message: str) -> None:

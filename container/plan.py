@@ -119,6 +119,17 @@ class LaunchPlan:
         return plan
 
 
+def rank_command(python: str, module: str, *args: str) -> list[str]:
+    """How a rank starts: `python -P -m mpi4py -m MODULE ARGS`.
+
+    mpi4py aborts every rank when one raises. `-P` keeps the working directory off sys.path:
+    ranks inherit mpirun's directory (remote ones too), which is the user's code folder when
+    SDK 3's sm_train.sh started the launcher, and a user's train.py there would otherwise
+    replace this image's `train` package before the rank program is even found.
+    """
+    return [python, "-P", "-m", "mpi4py", "-m", module, *args]
+
+
 def processes_per_host(launch: LaunchConfig, gpu_count: int) -> int:
     """The hyperparameter when given, else one rank per GPU, else one."""
     return launch.processes_per_host or max(gpu_count, 1)
@@ -217,7 +228,7 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
                 f"under {job.paths.code_dir} or fix sagemaker_program")
         args = script_arguments(settings.user)
         rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script)
-        rank_command = [python, "-m", "mpi4py", "-m", "train.script_runner", str(script), *args]
+        command = rank_command(python, "train.script_runner", str(script), *args)
     else:
         trainer = settings.trainer
         _check_builtin_channels(job)
@@ -227,7 +238,7 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
             max_device_batch_size=trainer.max_device_batch_size,
             learning_rate=trainer.learning_rate, base_batch_size=trainer.base_batch_size,
             scale_learning_rate=trainer.scale_learning_rate))
-        rank_command = [python, "-m", "mpi4py", "-m", "train.rank_main"]
+        command = rank_command(python, "train.rank_main")
     ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
         else None
     defaults = mpirun.default_options(
@@ -239,4 +250,4 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
     return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,
                       ignored_hyperparameters=settings.ignored,
-                      mpirun=tuple(mpirun.build_argv(options, rank_command)))
+                      mpirun=tuple(mpirun.build_argv(options, command)))

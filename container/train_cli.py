@@ -19,7 +19,7 @@ What it does, on every host of the job:
    any that never came), checks every sshd answers, then runs mpirun across the hosts.
    Workers hold until the leader reports the outcome, and exit with it within a second or
    two; a worker whose leader never answers or goes silent exits 3 naming the leader.
-4. Ranks run `python -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
+4. Ranks run `python -P -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
    in script mode (`sagemaker_program` / SAGEMAKER_PROGRAM), the user's script from
    <ml-root>/code with the SM_* environment and the hyperparameters as arguments.
 5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's

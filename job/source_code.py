@@ -11,7 +11,7 @@ not in hyperparameters (docs/sdk3-modeltrainer.md has the whole contract):
 
 The launcher reads them here, so that the user's entry script runs with every guarantee of
 script mode (one job across the hosts, the failure file, exit codes, SIGTERM), however the
-SDK's own driver was reached (container/sitecustomize.py hands it to `train`). Only a job that
+SDK's own driver was reached (container/sdk_handover.py hands it to `train`). Only a job that
 has the `sm_drivers` channel with a sourcecode.json is such a job; a user's own channel named
 `code` means nothing here.
 """

@@ -1,4 +1,4 @@
-"""The built-in trainer's rank program: `python -m mpi4py -m train.rank_main`.
+"""The built-in trainer's rank program: `python -P -m mpi4py -m train.rank_main`.
 
 It runs the trainer config and batch plan that the launcher validated (job.rank_job).
 """

@@ -1,6 +1,6 @@
 """Script mode: run the user's own script on every rank, as SageMaker's framework containers do.
 
-    python -m mpi4py -m train.script_runner /opt/ml/code/train.py --epochs 3 ...
+    python -P -m mpi4py -m train.script_runner /opt/ml/code/train.py --epochs 3 ...
 
 The script gets the SM_* environment that the sagemaker-training toolkit defines (made by the
 toolkit's own code, for this rank's host: SM_CURRENT_HOST is this rank's host, never the

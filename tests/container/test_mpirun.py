@@ -21,7 +21,7 @@ SAFETY = ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "
           "-mca", "orte_abort_on_non_zero_status", "1",
           "-mca", "btl_vader_single_copy_mechanism", "none"]
 STALL = ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=60", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600"]
-RANK = [PYTHON, "-m", "mpi4py", "-m", "train.rank_main"]
+RANK = [PYTHON, "-P", "-m", "mpi4py", "-m", "train.rank_main"]
 SSH = ("-p 22 -i /run/job/id_ed25519 -o IdentitiesOnly=yes -o BatchMode=yes "
        "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/run/job/known_hosts "
        "-o CheckHostIP=no -o ConnectTimeout=30 -o LogLevel=ERROR")
@@ -134,9 +134,9 @@ def test_script_mode_passes_hyperparameters_as_arguments(tmp_path):
         "sagemaker_program": "\"train.py\"", "epochs": "3", "optimizer": "\"adam\"",
         "anything-goes": "x"}, {})
     launch = plan(the_job)
-    assert launch.mpirun[-9:] == (PYTHON, "-m", "mpi4py", "-m", "train.script_runner",
-                                  str(paths.code_dir / "train.py"), "--anything-goes", "x",
-                                  "--epochs", "3", "--optimizer", "adam")[-9:]
+    assert launch.mpirun[-13:] == (PYTHON, "-P", "-m", "mpi4py", "-m", "train.script_runner",
+                                   str(paths.code_dir / "train.py"), "--anything-goes", "x",
+                                   "--epochs", "3", "--optimizer", "adam")
     assert launch.batches is None
 
 

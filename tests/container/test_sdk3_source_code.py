@@ -5,19 +5,20 @@ the SDK writes them (`model_dump()` of its pydantic configs, hyperparameters thr
 running the image is in tests/image/test_sdk3_local_mode.py."""
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
 
 import pytest
 
-from container.sitecustomize import sdk_driver
+from container.sdk_handover import sdk_driver
 from job.errors import ConfigError
 from job.paths import MlPaths
 from job.source_code import read_source_code
 from job.validated import validate_hyperparameters
-from tests.conftest import failure_of, run_train, write_json
-from tests.container.test_multi_host import HOSTS, start
+from tests.conftest import TRAIN, failure_of, run_train, write_json
+from tests.container.test_multi_host import HOSTS
 from tests.s3_server import uninstall, write_wheel
 from container.network import free_port
 
@@ -214,8 +215,18 @@ def sdk3_cluster(make_job, tmp_path):
     uninstall(package)
 
 
+def start_in_code_channel(root, env=None):
+    """The launcher as sm_train.sh starts it: from the code channel, where a train.py lies
+    (ranks inherit mpirun's directory; it must not shadow the image's `train` package)."""
+    return subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})},
+                            cwd=root / "input" / "data" / "code")
+
+
 def run_cluster(roots, env=None):
-    worker, leader = start(roots[HOSTS[1]], env), start(roots[HOSTS[0]], env)
+    worker = start_in_code_channel(roots[HOSTS[1]], env)
+    leader = start_in_code_channel(roots[HOSTS[0]], env)
     output = leader.communicate(timeout=300)[0]
     worker.communicate(timeout=60)
     return leader.returncode, worker.returncode, output
@@ -238,12 +249,12 @@ def test_a_failing_rank_names_its_host_and_line(sdk3_cluster):
                              "AssertionError: the model has weights (at train.py, line"), reason
 
 
-def test_sitecustomize_is_plain_python(tmp_path):
+def test_the_handover_is_plain_python():
     """It runs in every interpreter of the image: importing it must not import our packages."""
     probe = ("import sys, runpy; runpy.run_path(sys.argv[1]); "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('job', 'container', 'train', 'serve')))")
-    import container.sitecustomize as module
+    import container.sdk_handover as module
     result = subprocess.run([sys.executable, "-c", probe, module.__file__],
                             capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

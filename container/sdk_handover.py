@@ -1,5 +1,7 @@
-"""Installed in the image as the interpreter's `sitecustomize`: hands SageMaker SDK 3's own
-driver to this image's launcher.
+"""Hands SageMaker SDK 3's own driver to this image's launcher. The image installs this file as
+the top-level module `byoc_sdk_handover` with a `.pth` file that imports it, so that it runs at
+the start of every interpreter of the image's Python (a `sitecustomize` would lose to the one
+Debian's Python ships).
 
 `ModelTrainer(source_code=SourceCode(entry_script=...))` replaces the image's entry point with
 its `sm_train.sh`, which ends in `python3 .../sm_drivers/distributed_drivers/<driver>.py`. Left
