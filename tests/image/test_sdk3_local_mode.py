@@ -18,6 +18,7 @@ so these jobs run one at a time, in this one file.
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -50,7 +51,8 @@ if os.environ.get("FAIL_ON_HOST") == os.environ["SM_CURRENT_HOST"]:
     assert os.path.exists("weights.h5"), "no weights.h5 in " + os.getcwd()
 report = {"rank": hvd.rank(), "size": hvd.size(), "host": os.environ["SM_CURRENT_HOST"],
           "hostname": socket.gethostname(), "cwd": os.getcwd(),
-          "shipped": open("shipped.txt").read().strip()}
+          "shipped": open("shipped.txt").read().strip(),
+          "pid1": open("/proc/1/cmdline").read().replace("\\0", " ")}
 with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank{hvd.rank()}.json"), "w") as out:
     json.dump(report, out)
 '''
@@ -136,15 +138,22 @@ def source(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("mpi", [None, {}], ids=["entry_script", "entry_script+MPI"])
-def test_source_code_runs_one_job_over_both_containers(sdk3, image, digits, source, mpi):
+# (distributed=, SourceCode's command, whether PID 1 of each container is our `train`)
+WAYS = {"entry_script": (None, None, False),
+        "entry_script+MPI": ({}, None, False),
+        "command=exec train": (None, "exec train", True)}
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_source_code_runs_one_job_over_both_containers(sdk3, image, digits, source, way):
+    mpi, command, train_is_pid1 = WAYS[way]
     output, root, codes = sdk3({"image": image, "hosts": 2, "hyperparameters": {"epochs": 2},
-                               "source_code": {"source_dir": str(source),
+                               "source_code": {"source_dir": str(source), "command": command,
                                                "entry_script": "train.py"},
                                "mpi": mpi, "channels": {"train": str(digits / "train")}},
-                              "entry-script" if mpi is None else "mpi")
+                              re.sub("[^a-z0-9]+", "-", way.lower()))  # compose lowercases
     assert codes == {"algo-1": 0, "algo-2": 0}, output[-6000:]
-    assert "handed to this image's launcher: train" in output
+    assert ("handed to this image's launcher: train" in output) == (command is None)
     model = root / "artifacts" / "model"  # where local mode gathers every host's model folder
     reports = sorted((json.loads(path.read_text()) for path in model.glob("rank*.json")),
                      key=lambda report: report["rank"])
@@ -152,6 +161,9 @@ def test_source_code_runs_one_job_over_both_containers(sdk3, image, digits, sour
         [(0, 2, "algo-1"), (1, 2, "algo-2")], output[-6000:]
     assert {r["shipped"] for r in reports} == {"from source_dir"}
     assert {r["cwd"] for r in reports} == {"/opt/ml/code"}
+    # only with our launcher as PID 1 does a stop (SIGTERM) reach it (otherwise PID 1 is the
+    # SDK's `bash -c "... sm_train.sh"`): docs/sdk3-modeltrainer.md
+    assert {r["pid1"].endswith("/bin/train ") for r in reports} == {train_is_pid1}, reports
 
 
 def test_a_failing_rank_is_the_jobs_failure(sdk3, image, digits, source):
