@@ -54,10 +54,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT_S))
 
 
-def run_script(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+def run_script(argv: list[str], env: dict, timeout: float,
+               cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run a script in its own process group, and kill the whole group (an engine build or
     push included) if the test is interrupted or times out."""
-    process = subprocess.Popen(argv, cwd=REPO, env=env, text=True, start_new_session=True,
+    process = subprocess.Popen(argv, cwd=cwd, env=env, text=True, start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         stdout, stderr = process.communicate(timeout=timeout)

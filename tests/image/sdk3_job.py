@@ -6,10 +6,8 @@ as a user runs them.
 Runs in the SDK's own virtualenv (scripts/setup_sdk3.sh; the SDK is a test-only dependency,
 kept out of the image and the project's venv). SPEC: image, hosts, root (the SDK's
 local_container_root), hyperparameters, channels {name: folder}, and optionally source_code
-(SourceCode's fields), mpi (MPI's fields) and environment. Or, with `deploy`
-({model_data, port, content_type, body}): a model, endpoint config and endpoint through the
-SDK's LocalSession (ModelBuilder has no local path for a custom image), one invoke_endpoint,
-whose answer is printed as `RESPONSE <content type> <body>`, and the endpoint deleted.
+(SourceCode's fields), mpi (MPI's fields) and environment. Or, with `snippet`: that Python
+code as it is (the README's), run from the working directory.
 
 No address but loopback is reached: telemetry is opted out through the SDK's own config file,
 AWS credentials and the region are given so that boto3 never asks the instance metadata
@@ -44,36 +42,13 @@ def guard_network(record: Path) -> None:
     socket.socket.connect = loopback_only
 
 
-def deploy(image: str, root: str, spec: dict) -> None:
-    from sagemaker.core.local.local_session import LocalSession
-
-    session = LocalSession()
-    # the SDK's local-mode settings (~/.sagemaker/config.yaml's `local`): the port, and the
-    # folder of the compose file, so that the test finds the containers to remove
-    session.config = {"local": {"serving_port": spec["port"], "container_root": root}}
-    client = session.sagemaker_client
-    client.create_model(ModelName="sdk3-model", PrimaryContainer={
-        "Image": image, "ModelDataUrl": spec["model_data"], "Environment": {}})
-    client.create_endpoint_config(EndpointConfigName="sdk3-config", ProductionVariants=[{
-        "VariantName": "AllTraffic", "ModelName": "sdk3-model", "InitialInstanceCount": 1,
-        "InstanceType": "local"}])
-    client.create_endpoint(EndpointName="sdk3-endpoint", EndpointConfigName="sdk3-config")
-    try:
-        answer = session.sagemaker_runtime_client.invoke_endpoint(
-            EndpointName="sdk3-endpoint", ContentType=spec["content_type"],
-            Accept="application/json", Body=spec["body"].encode())
-        print("RESPONSE", answer["ContentType"], answer["Body"].read().decode(), flush=True)
-    finally:
-        client.delete_endpoint(EndpointName="sdk3-endpoint")
-
-
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     guard_network(Path(spec["refused"]))
-    if "deploy" in spec:
-        deploy(spec["image"], spec["root"], spec["deploy"])
+    if "snippet" in spec:  # a user's code, as it stands in the README
+        exec(compile(spec["snippet"], "README.md", "exec"), {"__name__": "__main__"})
         return
-    from sagemaker.train.configs import Compute, InputData, SourceCode
+    from sagemaker.core.training.configs import Compute, InputData, SourceCode
     from sagemaker.train.distributed import MPI
     from sagemaker.train.model_trainer import Mode, ModelTrainer
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from container.network import free_port
 from tests.image.conftest import REPO, run_script
@@ -96,14 +97,24 @@ def sdk3(engine, tmp_path_factory):
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "AKIDLOCALTEST",
            "AWS_SECRET_ACCESS_KEY": "local-test-secret", "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def run(spec: dict, name: str):
+    def run(spec: dict, name: str, prepare=None):
+        """`prepare(root)` lays out the working folder first."""
         root = tmp_path_factory.mktemp(f"sdk3-{name}")
         refused = root / "refused-addresses"
         spec_file = root / "spec.json"
         spec_file.write_text(json.dumps({**spec, "root": str(root), "refused": str(refused)}))
+        # ~/.sagemaker/config.yaml, the SDK's local-mode settings: a free port for endpoints,
+        # and their compose folders under root, where containers() finds them
+        (root / ".sagemaker").mkdir()
+        (root / "serving").mkdir()
+        (root / ".sagemaker" / "config.yaml").write_text(yaml.safe_dump({"local": {
+            "serving_port": free_port(), "container_root": str(root / "serving")}}))
+        if prepare:
+            prepare(root)
         try:  # the SDK's process and its compose children, killed whole on a time-out
             result = run_script([str(SDK_PYTHON), str(REPO / "tests/image/sdk3_job.py"),
-                                 str(spec_file)], env, timeout=600)
+                                 str(spec_file)], {**env, "HOME": str(root)}, timeout=600,
+                                cwd=root)
             ids = containers(engine, root)
             codes = {host: int(engine.run("inspect", "--format", "{{.State.ExitCode}}",
                                           container).stdout) for host, container in ids.items()}
@@ -118,45 +129,38 @@ def sdk3(engine, tmp_path_factory):
     engine.run("network", "rm", "sagemaker-local", check=False)
 
 
-def builtin_job(sdk3, image, digits, hosts):
-    output, root, codes = sdk3({"image": image, "hosts": hosts,
-                               "hyperparameters": {"epochs": 2, "learning_rate": 0.002},
-                               "channels": {name: str(digits / name)
-                                            for name in ("train", "validation")}},
-                              f"builtin-{hosts}")
-    assert codes == {f"algo-{n}": 0 for n in range(1, hosts + 1)}, output[-6000:]
-    assert f"world size {hosts}" in output and "RESULT loss=" in output
-    return output, root
-
-
-@pytest.fixture(scope="module")
-def two_host_builtin_job(sdk3, image, digits):
-    return builtin_job(sdk3, image, digits, 2)
-
-
 def test_hyperparameters_only_runs_the_builtin_trainer_on_one_host(sdk3, image, digits):
-    builtin_job(sdk3, image, digits, 1)
+    output, root, codes = sdk3({"image": image, "hosts": 1, "hyperparameters": {"epochs": 2},
+                               "channels": {name: str(digits / name)
+                                            for name in ("train", "validation")}}, "builtin")
+    assert codes == {"algo-1": 0}, output[-6000:]
+    assert "world size 1" in output and "RESULT loss=" in output
 
 
-def test_hyperparameters_only_runs_the_builtin_trainer_on_two_hosts(two_host_builtin_job):
-    output, root = two_host_builtin_job
+def readme_blocks() -> list[str]:
+    """The README's ModelTrainer and LocalSession blocks, as they stand."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    return [block for block in blocks if "ModelTrainer(" in block or "LocalSession()" in block]
+
+
+def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(sdk3, image, digits):
+    """Hyperparameters only on 2 hosts (the image's own `train`, the SDK's `ethwe` resolved),
+    then LocalSession's create_model / create_endpoint run the image's `serve` on the
+    model.tar.gz local mode made, and invoke_endpoint gets a digit's class."""
+    snippet = "\n".join(readme_blocks()).replace('"sagemaker-horovod:cpu"', repr(image))
+
+    def like_make_train(root):
+        (root / "build" / "default-job" / "input").mkdir(parents=True)
+        (root / "build" / "default-job" / "input" / "data").symlink_to(digits)
+
+    output, root, codes = sdk3({"image": image, "snippet": snippet}, "readme", like_make_train)
+    assert len(readme_blocks()) == 2
+    assert codes.get("algo-1") == codes.get("algo-2") == 0, output[-6000:]
+    assert "world size 2" in output and "RESULT loss=" in output
     assert "network interface ethwe (resourceconfig.json) is not on this host" in output
-    assert (root / "compressed_artifacts" / "model.tar.gz").is_file()
-
-
-def test_the_trained_model_answers_through_a_local_endpoint(sdk3, image, two_host_builtin_job):
-    """LocalSession's create_model / create_endpoint run the image's `serve` on the model.tar.gz
-    local mode made; invoke_endpoint gets the class of a digit."""
-    _, root = two_host_builtin_job
-    row = ",".join(["0"] * 64)
-    output, _, _ = sdk3({"image": image, "deploy": {
-        "model_data": f"file://{root / 'compressed_artifacts' / 'model.tar.gz'}",
-        "port": free_port(), "content_type": "text/csv", "body": row}}, "serve")
-    answer = [line for line in output.splitlines() if line.startswith("RESPONSE ")]
+    answer = re.search(r"^b'(\{.*\})'$", output, re.M)
     assert answer, output[-6000:]
-    content_type, body = answer[0].split(" ", 2)[1:]
-    assert content_type.startswith("application/json")
-    prediction = json.loads(body)["predictions"][0]
+    prediction = json.loads(answer.group(1))["predictions"][0]
     assert 0 <= prediction["class"] <= 9 and len(prediction["probabilities"]) == 10
 
 
