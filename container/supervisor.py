@@ -5,6 +5,11 @@ first SIGTERM into SIGUSR1 for mpirun, which forwards it to every rank; the trai
 agrees with the other ranks to stop after the current step, saves a checkpoint and exits.
 If the ranks are not done after `stop_grace` seconds, mpirun gets SIGTERM (it kills the job)
 and, 10 s later, SIGKILL. A second SIGTERM skips the wait.
+
+Hanging: with a `ProgressWatch` (container.watchdog), a thread checks once a second whether
+the ranks still make progress; when they do not, it asks them for their stacks (SIGUSR2,
+which mpirun forwards like SIGUSR1), waits a few seconds for them to print, and stops mpirun
+the same way; the job then fails as hung, whatever mpirun's own exit says.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable
 
 from container.failure import Outcome, OutputLog, summarize
+from container.watchdog import STACK_GRACE, ProgressWatch
 from job.protocol import FailureKind, parse_stopped
 
 
@@ -54,6 +61,9 @@ class StopSignals:
         except subprocess.TimeoutExpired:
             self._escalate()
 
+    def force_stop(self) -> None:
+        self._escalate()
+
     def _escalate(self) -> None:
         print("launcher: ranks did not stop in time; terminating mpirun", flush=True)
         self._signal(signal.SIGTERM)
@@ -68,18 +78,25 @@ class StopSignals:
 
 
 def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
-               env: dict[str, str] | None = None) -> Outcome:
+               env: dict[str, str] | None = None, watch: ProgressWatch | None = None) -> Outcome:
     """Run mpirun to the end, echoing its output; the outcome says who failed and why."""
     log = OutputLog()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, text=True, bufsize=1,
                                errors="replace")
     with StopSignals(process, grace) as stops:
+        if watch is not None:
+            threading.Thread(target=_watchdog, args=(process, watch, stops),
+                             daemon=True).start()
         for line in process.stdout:
+            if watch is not None and watch.observe(line):
+                continue
             sys.stdout.write(line)
             log.add(line)
         exit_code = process.wait()
     sys.stdout.flush()
+    if watch is not None and watch.silence is not None:
+        return Outcome.failed(FailureKind.HUNG, watch.reason())
     stopped = stops.received.is_set()
     if exit_code == 0 and not stopped:
         return Outcome.success()
@@ -89,3 +106,20 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
         return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
                               f"stopped, max runtime or spot reclaim); {detail}")
     return summarize(log, exit_code, host_of_rank)
+
+
+def _watchdog(process: subprocess.Popen, watch: ProgressWatch, stops: StopSignals) -> None:
+    while process.poll() is None and not stops.received.is_set():
+        silence = watch.overdue()
+        if silence is None:
+            time.sleep(1.0)
+            continue
+        print(f"launcher: no progress for {silence:.0f} s; asking every rank for its Python "
+              "stack, then stopping the job", flush=True)
+        watch.fire(silence)
+        os.kill(process.pid, signal.SIGUSR2)
+        try:
+            process.wait(timeout=STACK_GRACE)
+        except subprocess.TimeoutExpired:
+            stops.force_stop()
+        return

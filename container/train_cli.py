@@ -29,6 +29,8 @@ What it does, on every host of the job:
    the failing host, rank and that rank's error.
 6. SIGTERM: forwarded to the ranks, which save a checkpoint and stop; see
    container.supervisor. Exit code 0 = Completed, anything else = Failed.
+7. No progress for `progress_timeout` seconds: every rank's stack to the log, the job stops
+   and fails as hung (exit code 4) on every host; see container.watchdog.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from container.plan import LaunchPlan, make_plan
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_mpirun
+from container.watchdog import ProgressWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,11 +171,19 @@ def log_plan(plan: LaunchPlan) -> None:
         print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
 
 
+def supervise(plan: LaunchPlan) -> Outcome:
+    """Run the plan's mpirun under the stop signals and the progress watchdog."""
+    cluster = plan.cluster
+    watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
+                             cluster.world_size)
+    return run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
+                      host_of_rank=cluster.host_of_rank, watch=watch)
+
+
 def execute(plan: LaunchPlan, runtime: Path) -> Outcome:
     cluster = plan.cluster
     if not cluster.multi_host:
-        return run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
-                          host_of_rank=cluster.host_of_rank)
+        return supervise(plan)
     network.wait_resolvable(cluster.hosts, cluster.leader, plan.launch.host_timeout)
     files = sshd.make_runtime(runtime)
     return run_leader(plan, files) if cluster.is_leader else run_worker(plan, files)
@@ -196,8 +207,7 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         print(f"launcher: all {len(cluster.hosts)} hosts ready", flush=True)
         print(mark_line(Mark.HOSTS_READY), flush=True)
-        outcome = run_mpirun(list(plan.mpirun), grace=launch.stop_grace,
-                             host_of_rank=cluster.host_of_rank)
+        outcome = supervise(plan)
     except TrainError as error:
         coordinator.finish(Outcome.failed(error.kind, str(error)))
         raise

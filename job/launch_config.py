@@ -51,6 +51,14 @@ class LaunchConfig:
         90.0, "Seconds between SIGTERM and forcing the ranks down; the trainer saves a "
         "checkpoint in that time. SageMaker kills everything 120 s after SIGTERM.",
         minimum=1.0, maximum=3600.0)
+    progress_timeout: float = hp(
+        300.0, "Seconds without progress (no rank finishing an optimizer step; in script mode "
+        "no rank printing to stdout or calling distributed.heartbeat()) after which the job "
+        "fails as hung (exit code 4), with every rank's Python stack in the log; 0 turns the "
+        "watchdog off.", minimum=0.0, maximum=604800.0)
+    first_progress_timeout: float = hp(
+        1800.0, "The same allowance before the first progress, for data counting, model "
+        "building and compilation.", minimum=1.0, maximum=604800.0)
     sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
                         maximum=65535)
     coordinator_port: int = hp(

@@ -7,6 +7,9 @@ its tag (`[1,0]<stdout>:`), so every parser here searches inside a line. The lin
     TRAIN-FAILURE rank=1 host=algo-2 kind=config: DataError: ...   a rank about to die
     TRAIN-STOPPED checkpoint saved in ...                    rank 0, after a requested stop
     TRAIN-MARK hosts_ready                                   a timing mark (launcher, rank 0)
+    TRAIN-PROGRESS step=412                                  a rank finished a step (or a
+                                                             script's heartbeat); the
+                                                             launcher's watchdog reads these
 
 The failure report carries the kind of failure (`FailureKind`), so a configuration or data
 error raised inside a rank ends the job with the configuration exit code on every host, and
@@ -29,6 +32,7 @@ METRICS_PREFIX = "METRICS"
 FAILURE_MARKER = "TRAIN-FAILURE"
 STOPPED_MARKER = "TRAIN-STOPPED"
 TIME_MARKER = "TRAIN-MARK"
+PROGRESS_MARKER = "TRAIN-PROGRESS"
 REPORT_LIMIT = 600  # characters of the error in a failure report
 
 
@@ -39,13 +43,14 @@ class FailureKind(Enum):
     CLUSTER = "cluster"    # a host, sshd, the network or the leader/worker protocol
     RANK = "rank"          # a rank program failed: its own exit code
     STOPPED = "stopped"    # a stop signal (job stopped, max runtime, spot reclaim)
+    HUNG = "hung"          # no rank made progress for progress_timeout seconds
     INTERNAL = "internal"  # a bug in the launcher
 
 
 def exit_code(kind: FailureKind, rank_code: int = 1) -> int:
     """The exit code of a job that failed for `kind`; `rank_code` is the failed rank's own."""
-    codes = {FailureKind.CONFIG: 2, FailureKind.CLUSTER: 3, FailureKind.STOPPED: 143,
-             FailureKind.INTERNAL: 1}
+    codes = {FailureKind.CONFIG: 2, FailureKind.CLUSTER: 3, FailureKind.HUNG: 4,
+             FailureKind.STOPPED: 143, FailureKind.INTERNAL: 1}
     return codes.get(kind, rank_code or 1)
 
 
@@ -72,6 +77,20 @@ def parse_mark(line: str) -> Mark | None:
         return Mark(found["name"]) if found else None
     except ValueError:
         return None
+
+
+def progress_line(step: int | None) -> str:
+    """A rank's sign of life: the optimizer step it finished, or a heartbeat (no step)."""
+    return f"{PROGRESS_MARKER}" + (f" step={step}" if step is not None else "")
+
+
+_PROGRESS = re.compile(re.escape(PROGRESS_MARKER) + r"(?: step=(?P<step>\d+))?\s*$")
+
+
+def parse_progress(line: str) -> tuple[bool, int | None]:
+    """(is it a progress line, the step it names) of a line, maybe tagged."""
+    found = _PROGRESS.search(line)
+    return (True, int(found["step"]) if found["step"] else None) if found else (False, None)
 
 
 def stopped_line(detail: str) -> str:

@@ -10,6 +10,7 @@ import tensorflow as tf
 from mpi4py import MPI
 
 from job.protocol import metrics_line
+from train.progress import Progress
 from train.rank import StopRequest, emit
 
 
@@ -81,3 +82,21 @@ class Checkpointer(tf.keras.callbacks.Callback):
             return
         if done % self.every == 0 or done == self.epochs:
             self.save(done)
+
+
+class ReportProgress(tf.keras.callbacks.Callback):
+    """Tells the launcher's watchdog that this rank finished an optimizer step (every
+    `accumulation_steps` batches) or a validation batch; `first_step` continues the count of
+    a resumed job."""
+
+    def __init__(self, accumulation_steps: int = 1, first_step: int = 0):
+        super().__init__()
+        self.accumulation_steps, self.batches = accumulation_steps, first_step * accumulation_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.batches % self.accumulation_steps == 0:
+            Progress.report(self.batches // self.accumulation_steps)
+
+    def on_test_batch_end(self, batch, logs=None):
+        Progress.report(self.batches // self.accumulation_steps)

@@ -10,9 +10,10 @@
     model.fit(x, y, callbacks=distributed.callbacks(), verbose=distributed.verbose())
     distributed.export(model, classes=class_names)       # rank 0: SavedModel + metadata.json
 
-`callbacks()` broadcasts rank 0's initial weights, averages the epoch metrics over ranks and
+`callbacks()` broadcasts rank 0's initial weights, averages the epoch metrics over ranks,
 stops every rank together when the job is asked to stop (SIGTERM on SageMaker), so a script
-that uses it ends cleanly within SageMaker's grace period. The built-in trainer uses the same
+that uses it ends cleanly within SageMaker's grace period, and reports each finished step to
+the launcher's watchdog (`heartbeat()` does that for a script's own loop). The built-in trainer uses the same
 start-up, optimizer (one micro-batch per step) and stop callback; it accumulates micro-batches
 in its own training step instead (train/accumulation.py says why). `export` writes the model
 as the built-in trainer does; a script that calls model.save(SM_MODEL_DIR/...) instead is
@@ -29,8 +30,9 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from job.paths import MlPaths
-from train.callbacks import StopOnRequest
+from train.callbacks import ReportProgress, StopOnRequest
 from train.export import export_model
+from train.progress import Progress
 from train.runtime import start_horovod
 
 
@@ -78,7 +80,14 @@ def optimizer(inner: tf.keras.optimizers.Optimizer, *, accumulation_steps: int =
 def callbacks(*, accumulation_steps: int = 1) -> list[tf.keras.callbacks.Callback]:
     return [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
             hvd.callbacks.MetricAverageCallback(),
-            StopOnRequest(accumulation_steps)]
+            StopOnRequest(accumulation_steps), ReportProgress(accumulation_steps)]
+
+
+def heartbeat(step: int | None = None) -> None:
+    """Tell the launcher's watchdog this rank is alive (`progress_timeout`): for a script with
+    its own loop, or long work between prints. A line on stdout counts too; stderr does not
+    (TensorFlow and Horovod warn there while a job hangs)."""
+    Progress.report(step)
 
 
 def export(model: tf.keras.Model, *, classes: Sequence[Any] | None = None,

@@ -6,13 +6,15 @@ these a rank knows its own host without trusting any inherited SM_CURRENT_HOST. 
 the launcher (plain `mpirun` or `python script.py`), a rank falls back to one host.
 
 `run_rank` installs the stop signal first (before TensorFlow is imported, which takes
-seconds) and turns any exception into a one-line failure report for the launcher (with the
+seconds) and the stack dump the launcher's watchdog asks for with SIGUSR2 (train.progress),
+and turns any exception into a one-line failure report for the launcher (with the
 error's kind, so a ConfigError or DataError ends the job as a configuration error), then lets
 it propagate so `python -m mpi4py` aborts every rank.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import socket
@@ -106,6 +108,7 @@ def report_failure(rank: int, host: str, error: BaseException) -> None:
 
 def run_rank(body: Callable[[RankContext], None]) -> None:
     StopRequest.install()
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # the watchdog's stack dump
     context = None
     try:
         context = context_from_environment()

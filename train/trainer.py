@@ -21,7 +21,7 @@ from job.protocol import Mark, mark_line, stopped_line
 from train import distributed
 from train.accumulation import AccumulatingModel
 from job.batching import BatchPlan
-from train.callbacks import Checkpointer, EpochReport, StopOnRequest
+from train.callbacks import Checkpointer, EpochReport, ReportProgress, StopOnRequest
 from train.checkpoints import CheckpointStore
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
@@ -229,7 +229,8 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     report = EpochReport(steps_per_epoch * plan.global_batch,
                          lambda: float(schedule(optimizer.iterations)), history)
     callbacks = [hvd.callbacks.MetricAverageCallback(),  # distributed: average epoch metrics
-                 stop, report, Checkpointer(save, config.checkpoint_every_epochs, config.epochs)]
+                 stop, report, Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
+                 ReportProgress(first_step=initial_epoch * steps_per_epoch)]
     if hvd.rank() == 0:
         callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))

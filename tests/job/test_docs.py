@@ -36,8 +36,9 @@ def test_the_readme_exit_codes_are_the_codes_the_job_exits_with():
     assert "stopped by SIGTERM" in rows[str(exit_code(FailureKind.STOPPED))]
     assert "rank raised" in rows[str(exit_code(FailureKind.RANK, rank_code=1))]
     assert "bug in the launcher" in rows[str(exit_code(FailureKind.INTERNAL))]
+    assert "hung" in rows[str(exit_code(FailureKind.HUNG))]
     assert "killed by signal N" in rows["128 + N"]
-    assert set(rows) == {"0", "1", "2", "3", "143", "128 + N"}
+    assert set(rows) == {"0", "1", "2", "3", "4", "143", "128 + N"}
 
 
 def test_every_link_of_the_readme_and_the_docs_leads_to_a_file():

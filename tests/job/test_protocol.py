@@ -45,7 +45,7 @@ def test_a_bare_assert_is_reported_with_its_file_line_and_source(tmp_path):
 def test_exit_codes_of_every_kind():
     assert {kind: exit_code(kind, rank_code=7) for kind in FailureKind} == {
         FailureKind.CONFIG: 2, FailureKind.CLUSTER: 3, FailureKind.RANK: 7,
-        FailureKind.STOPPED: 143, FailureKind.INTERNAL: 1}
+        FailureKind.HUNG: 4, FailureKind.STOPPED: 143, FailureKind.INTERNAL: 1}
     assert exit_code(FailureKind.RANK, rank_code=0) == 1  # a failed rank never exits 0
 
 

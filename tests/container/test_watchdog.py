@@ -1,0 +1,235 @@
+"""The progress watchdog (container/watchdog.py): hung jobs end as a named failure, exit code 4,
+with every rank's Python stack in the log. Real jobs on real mpirun: a rank frozen with SIGSTOP,
+a rank that sleeps before its first allreduce, every rank blocked on a FIFO with no writer (a
+dead mount), a script that deadlocks after printing. Each prints the seconds from the fault to
+the launcher's exit (the numbers of docs/training.md's fault table); none asserts a time."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from container.watchdog import ProgressWatch, where
+from job.protocol import progress_line
+from tests.conftest import TRAIN, failure_of
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def watch(script_mode=False, **kwargs):
+    clock = Clock()
+    made = ProgressWatch(timeout=30, first_timeout=600, script_mode=script_mode,
+                         host_of_rank=lambda rank: f"algo-{rank + 1}", world_size=2,
+                         clock=clock, **kwargs)
+    return made, clock
+
+
+def test_progress_lines_are_swallowed_and_move_the_deadline():
+    made, clock = watch()
+    clock.now += 599
+    assert made.overdue() is None  # before the first step: first_timeout
+    assert made.observe(f"[1,1]<stdout>:{progress_line(7)}\n") is True
+    clock.now += 29
+    assert made.overdue() is None
+    clock.now += 2
+    assert made.overdue() == pytest.approx(31)
+    assert made.steps == {1: 7}
+
+
+def test_stdout_counts_in_script_mode_only_and_stderr_never():
+    for script_mode in (False, True):
+        made, clock = watch(script_mode)
+        clock.now += 700
+        assert made.observe("[1,0]<stdout>:epoch 3 loss 0.1\n") is False
+        assert made.observe("[1,0]<stderr>:[Stall check] waiting\n") is False
+        assert (made.overdue() is None) is script_mode
+
+
+def faulthandler_dump(folder, code: str) -> list[str]:
+    """A real stack dump: a script that registers faulthandler like every rank, blocks in
+    `code` (from line 4 of blocked.py), and gets SIGUSR2."""
+    script = folder / "blocked.py"
+    script.write_text("import faulthandler, signal, sys, time\n"
+                      "faulthandler.register(signal.SIGUSR2, all_threads=True)\n"
+                      "print('ready', flush=True)\n" + code)
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    time.sleep(0.2)
+    process.send_signal(signal.SIGUSR2)
+    time.sleep(0.5)
+    process.kill()
+    return process.communicate()[1].splitlines()
+
+
+def test_the_reason_names_each_ranks_step_and_place(tmp_path):
+    made, clock = watch()
+    made.observe(f"[1,0]<stdout>:{progress_line(412)}")
+    made.observe(f"[1,1]<stdout>:{progress_line(411)}")
+    made.observe("[1,0]<stderr>:Missing ranks:")
+    made.observe("[1,0]<stderr>:1: [DistributedAdam_Allreduce/HorovodAllreduce_grads_0]")
+    clock.now += 40
+    made.fire(made.overdue())
+    for line in faulthandler_dump(tmp_path, "time.sleep(60)\n"):  # as mpirun tears it
+        made.observe(f"[1,0]<stderr>:{line[:16]}[1,0]<stderr>:{line[16:]}")
+    reason = made.reason()
+    assert reason.startswith("no progress for 40 s (progress_timeout 30 s): rank 0 on algo-1 "
+                             "last finished step 412, in <module> (blocked.py:4); rank 1 on "
+                             "algo-2 last finished step 411, gave no stack (stopped, or stuck "
+                             "outside Python). Horovod's stall check: rank(s) 1 never submitted "
+                             "DistributedAdam_Allreduce/HorovodAllreduce_grads_0."), reason
+
+
+def test_where_takes_the_main_thread_and_the_users_own_frame(tmp_path):
+    stack = faulthandler_dump(tmp_path, (
+        "import threading, queue\n"
+        "threading.Thread(target=lambda: time.sleep(60), daemon=True).start()\n"
+        "def wait_for_batch():\n    queue.Queue().get()\n"
+        "wait_for_batch()\n"))
+    assert re.fullmatch(r"in wait \(threading\.py:\d+\) from blocked\.py:7", where(stack)), stack
+    assert where([]) == "gave no stack (stopped, or stuck outside Python)"
+
+
+# --- for real: a 2-rank job on one host ----------------------------------------------------
+
+PROBE = '''
+import os, sys, time
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from train import distributed
+
+hvd.init()
+here = os.environ["SM_OUTPUT_DATA_DIR"]
+open(os.path.join(here, f"pid{hvd.rank()}"), "w").write(str(os.getpid()))
+fault = os.environ.get("FAULT")
+if fault == "sleep_before_allreduce" and hvd.rank() == 1:
+    time.sleep(100000)
+if fault == "dead_mount":  # a FIFO with no writer: open() never returns
+    open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "pipe")).read()
+if fault == "deadlock_after_printing":
+    print("step 1 done", flush=True)
+    import threading
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+for step in range(1000000):
+    hvd.allreduce(tf.constant([1.0]))
+    distributed.heartbeat(step)
+    if step == 5:
+        open(os.path.join(here, f"running{hvd.rank()}"), "w")
+    time.sleep(0.05)
+'''
+
+
+@pytest.fixture
+def job(make_script_job, make_job, tmp_path):
+    processes = []
+
+    def start(hyperparameters, fault=None, builtin=False, prepare=None):
+        values = {"processes_per_host": 2, **hyperparameters}
+        root = make_job(values) if builtin else \
+            make_script_job("probe.py", values, PROBE)
+        if prepare:
+            prepare(root)
+        process = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                   env={**os.environ, "FAULT": fault or ""})
+        processes.append(process)
+        return root, process
+
+    yield start
+    for process in processes:  # nothing stopped or stuck may outlive the test
+        family = [process.pid] + [child.pid for child in psutil.Process(process.pid).children(
+            recursive=True)] if process.poll() is None else []
+        for pid in family:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def wait_for(path, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def finish(process, fault_at):
+    output = process.communicate(timeout=180)[0]
+    print(f"fault -> launcher exit: {time.monotonic() - fault_at:.1f} s")
+    return output
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    for process in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if process.environ().get("OMPI_COMM_WORLD_RANK") == str(rank) and \
+                    "python" in process.name():
+                return process.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def test_a_rank_of_the_builtin_trainer_frozen_with_sigstop(job):
+    root, process = job({"progress_timeout": 8, "epochs": 1000, "checkpoint_every_epochs": 1},
+                        builtin=True)
+    wait_for(root / "checkpoints", process)  # epoch 1 is done: steps are being made
+    os.kill(rank_pid(process, 1), signal.SIGSTOP)
+    output = finish(process, time.monotonic())
+    assert process.returncode == 4, output[-3000:]
+    reason = failure_of(root)
+    assert reason.startswith("no progress for "), reason
+    assert "(progress_timeout 8 s): " in reason
+    # the frozen rank prints its stack only if mpirun's teardown continues it in time
+    assert re.search(r"rank 1 on algo-1 last finished step \d+, (gave no stack|in )", reason) \
+        or re.search(r"ranks 0, 1 on algo-1 last finished step \d+, in ", reason), reason
+    assert "TRAIN-PROGRESS" not in output  # swallowed
+    assert "Current thread 0x" in output  # the stacks are in the log
+
+
+def test_a_rank_that_sleeps_before_its_first_allreduce(job):
+    root, process = job({"first_progress_timeout": 12,
+                         "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=4"},
+                        "sleep_before_allreduce")
+    wait_for(root / "output" / "data" / "pid1", process)
+    output = finish(process, time.monotonic())
+    assert process.returncode == 4, output[-3000:]
+    reason = failure_of(root)
+    assert "(first_progress_timeout 12 s) (none since the start)" in reason, reason
+    assert "rank 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
+    assert "Horovod's stall check: rank(s) 1 never submitted" in reason, reason
+
+
+def test_every_rank_blocked_on_a_dead_mount(job):
+    root, process = job({"first_progress_timeout": 15}, "dead_mount",
+                        prepare=lambda root: os.mkfifo(root / "input/data/train/pipe"))
+    output = finish(process, time.monotonic())
+    assert process.returncode == 4, output[-3000:]
+    reason = failure_of(root)
+    assert "(first_progress_timeout 15 s) (none since the start)" in reason, reason
+    assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
+
+
+def test_a_script_that_deadlocks_after_printing(job):
+    root, process = job({"progress_timeout": 6}, "deadlock_after_printing")
+    wait_for(root / "output" / "data" / "pid1", process)
+    output = finish(process, time.monotonic())
+    assert process.returncode == 4, output[-3000:]
+    reason = failure_of(root)
+    assert "(progress_timeout 6 s)" in reason, reason  # the print counted as progress
+    assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
