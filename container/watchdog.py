@@ -32,8 +32,9 @@ from job.protocol import parse_progress
 
 STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job is stopped
 _TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
-# faulthandler writes a line in several pieces, and mpirun tags each piece it reads
-_INNER_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
+# faulthandler writes a line in several pieces, and mpirun tags each piece it reads, so one
+# line of its output can hold pieces of several ranks' lines, each after its own tag
+_ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr)>:")
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")
@@ -56,6 +57,7 @@ class ProgressWatch:
     stacks: dict[int, list[str]] = field(default_factory=dict)
     missing: str = ""  # Horovod's stall check: which ranks never submitted which tensor
     after_missing: bool = False  # the last line was Horovod's "Missing ranks:"
+    pieces: dict[int, str] = field(default_factory=dict)  # each rank's unfinished stack line
     silence: float | None = None  # set when the watchdog fired: seconds without progress
 
     def __post_init__(self) -> None:
@@ -76,6 +78,9 @@ class ProgressWatch:
         tagged = _TAG.match(line.rstrip("\n"))
         if not tagged:
             return False
+        if self.silence is not None:
+            self._collect_stacks(line.rstrip("\n"))
+            return False
         rank, text = int(tagged["rank"]), tagged["text"]
         progress, step = parse_progress(text)
         if progress:
@@ -86,14 +91,22 @@ class ProgressWatch:
         if tagged["stream"] == "stdout":
             if self.script_mode:
                 self.last_progress = self.clock()
-        elif self.silence is not None:
-            self.stacks.setdefault(rank, []).append(_INNER_TAG.sub("", text))
         elif "Missing ranks:" in text:
             self.after_missing = True
         elif self.after_missing and (found := _MISSING.match(text)):
             self.missing = f"rank(s) {found['ranks']} never submitted {found['tensors']}"
             self.after_missing = False
         return False
+
+    def _collect_stacks(self, line: str) -> None:
+        """Reassemble each rank's lines from the tagged pieces of one output line: a piece
+        ends its rank's line only when it ends the output line."""
+        parts = _ANY_TAG.split(line)[1:]  # rank, text, rank, text, ...
+        for index in range(0, len(parts), 2):
+            rank, text = int(parts[index]), parts[index + 1]
+            self.pieces[rank] = self.pieces.get(rank, "") + text
+            if index == len(parts) - 2:
+                self.stacks.setdefault(rank, []).append(self.pieces.pop(rank))
 
     def overdue(self) -> float | None:
         """Seconds without progress, when that is past the limit; else None."""

@@ -2,7 +2,8 @@
 # `make test`: the whole suite from a fresh clone, in phases, each timed, with the times printed
 # at the end (also when a phase fails):
 #   set-up           scripts/container_setup.sh, scripts/setup.sh (venv, Horovod wheel), the
-#                    local Debian base image and scripts/setup_sdk3.sh (the SDK 3 test venv)
+#                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3 test
+#                    venvs)
 #   image build      the CPU image the container tests run (scripts/build_image.sh)
 #   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP)
 #   container tests  tests/image: the image, compose clusters, the fault matrix, push
@@ -34,10 +35,10 @@ phase() {
 }
 
 # The Debian packages first (one apt at a time), then the local base image (debootstrap: mostly
-# downloads) and the SDK 3 test venv (downloads) beside the venv and the Horovod compile (CPU).
+# downloads) and the SDK test venvs (downloads) beside the venv and the Horovod compile (CPU).
 phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/make_base_image.sh & base=$!
-                          bash scripts/setup_sdk3.sh & sdk=$!
+                          { bash scripts/setup_sdk.sh 3 && bash scripts/setup_sdk.sh 2; } & sdk=$!
                           bash scripts/setup.sh; built=$?
                           wait $base && wait $sdk && exit $built; }'
 phase "image build" bash scripts/build_image.sh

@@ -2,7 +2,7 @@
 sees it: the `code` and `sm_drivers` channels, sourcecode.json and distributed.json written as
 the SDK writes them (`model_dump()` of its pydantic configs, hyperparameters through its
 `safe_serialize`: strings as they are, the rest as JSON). The SDK's own local container mode
-running the image is in tests/image/test_sdk3_local_mode.py."""
+running the image is in tests/image/test_sdk_local_mode.py."""
 
 import json
 import os

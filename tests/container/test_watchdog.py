@@ -17,6 +17,7 @@ import pytest
 from container.watchdog import ProgressWatch, where
 from job.protocol import progress_line
 from tests.conftest import TRAIN, failure_of
+from tests.container.test_multi_host import cluster, start  # noqa: F401 (a fixture)
 
 
 class Clock:
@@ -81,8 +82,12 @@ def test_the_reason_names_each_ranks_step_and_place(tmp_path):
     made.observe("[1,0]<stderr>:1: [DistributedAdam_Allreduce/HorovodAllreduce_grads_0]")
     clock.now += 40
     made.fire(made.overdue())
-    for line in faulthandler_dump(tmp_path, "time.sleep(60)\n"):  # as mpirun tears it
-        made.observe(f"[1,0]<stderr>:{line[:16]}[1,0]<stderr>:{line[16:]}")
+    lines = faulthandler_dump(tmp_path, "time.sleep(60)\n")
+    # as mpirun forwards it: pieces of a line, and pieces of two ranks' lines on one line
+    made.observe(f"[1,0]<stderr>:{lines[0][:16]}[1,1]<stderr>:{lines[0]}")
+    made.observe(f"[1,0]<stderr>:{lines[0][16:]}")
+    for line in lines[1:]:
+        made.observe(f"[1,0]<stderr>:{line[:9]}[1,0]<stderr>:{line[9:]}")
     reason = made.reason()
     assert reason.startswith("no progress for 40 s (progress_timeout 30 s): rank 0 on algo-1 "
                              "last finished step 412, in <module> (blocked.py:4); rank 1 on "
@@ -105,6 +110,8 @@ def test_where_takes_the_main_thread_and_the_users_own_frame(tmp_path):
 
 PROBE = '''
 import os, sys, time
+if os.environ.get("FAULT") == "dead_mount":  # a FIFO with no writer: open() never returns
+    open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "pipe")).read()
 import horovod.tensorflow as hvd
 import tensorflow as tf
 from train import distributed
@@ -112,13 +119,11 @@ from train import distributed
 hvd.init()
 here = os.environ["SM_OUTPUT_DATA_DIR"]
 open(os.path.join(here, f"pid{hvd.rank()}"), "w").write(str(os.getpid()))
+print("started", flush=True)  # stdout: progress in script mode
 fault = os.environ.get("FAULT")
 if fault == "sleep_before_allreduce" and hvd.rank() == 1:
     time.sleep(100000)
-if fault == "dead_mount":  # a FIFO with no writer: open() never returns
-    open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "pipe")).read()
 if fault == "deadlock_after_printing":
-    print("step 1 done", flush=True)
     import threading
     lock = threading.Lock()
     lock.acquire()
@@ -186,7 +191,7 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 
 def test_a_rank_of_the_builtin_trainer_frozen_with_sigstop(job):
-    root, process = job({"progress_timeout": 8, "epochs": 1000, "checkpoint_every_epochs": 1},
+    root, process = job({"progress_timeout": 15, "epochs": 1000, "checkpoint_every_epochs": 1},
                         builtin=True)
     wait_for(root / "checkpoints", process)  # epoch 1 is done: steps are being made
     os.kill(rank_pid(process, 1), signal.SIGSTOP)
@@ -194,7 +199,7 @@ def test_a_rank_of_the_builtin_trainer_frozen_with_sigstop(job):
     assert process.returncode == 4, output[-3000:]
     reason = failure_of(root)
     assert reason.startswith("no progress for "), reason
-    assert "(progress_timeout 8 s): " in reason
+    assert "(progress_timeout 15 s): " in reason
     # the frozen rank prints its stack only if mpirun's teardown continues it in time
     assert re.search(r"rank 1 on algo-1 last finished step \d+, (gave no stack|in )", reason) \
         or re.search(r"ranks 0, 1 on algo-1 last finished step \d+, in ", reason), reason
@@ -203,26 +208,28 @@ def test_a_rank_of_the_builtin_trainer_frozen_with_sigstop(job):
 
 
 def test_a_rank_that_sleeps_before_its_first_allreduce(job):
-    root, process = job({"first_progress_timeout": 12,
+    root, process = job({"progress_timeout": 12,
                          "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=4"},
                         "sleep_before_allreduce")
     wait_for(root / "output" / "data" / "pid1", process)
     output = finish(process, time.monotonic())
     assert process.returncode == 4, output[-3000:]
     reason = failure_of(root)
-    assert "(first_progress_timeout 12 s) (none since the start)" in reason, reason
+    assert "(progress_timeout 12 s)" in reason, reason
     assert "rank 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
     assert "Horovod's stall check: rank(s) 1 never submitted" in reason, reason
 
 
 def test_every_rank_blocked_on_a_dead_mount(job):
+    """Before TensorFlow is even imported: the allowance before the first progress."""
     root, process = job({"first_progress_timeout": 15}, "dead_mount",
                         prepare=lambda root: os.mkfifo(root / "input/data/train/pipe"))
     output = finish(process, time.monotonic())
     assert process.returncode == 4, output[-3000:]
     reason = failure_of(root)
     assert "(first_progress_timeout 15 s) (none since the start)" in reason, reason
-    assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
+    assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, \
+        reason + output[-4000:]
 
 
 def test_a_script_that_deadlocks_after_printing(job):
@@ -233,3 +240,15 @@ def test_a_script_that_deadlocks_after_printing(job):
     reason = failure_of(root)
     assert "(progress_timeout 6 s)" in reason, reason  # the print counted as progress
     assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
+
+
+def test_a_hang_on_the_worker_host_ends_every_host_with_the_same_code(cluster):
+    roots = cluster({"progress_timeout": 12}, "probe.py", PROBE)
+    env = {"FAULT": "sleep_before_allreduce"}
+    worker, leader = start(roots["127.0.0.2"], env), start(roots["127.0.0.1"], env)
+    leader_output = leader.communicate(timeout=240)[0]
+    worker_output = worker.communicate(timeout=60)[0]
+    assert leader.returncode == worker.returncode == 4, leader_output[-3000:]
+    assert "rank 1 on 127.0.0.2 finished no step, in <module> (probe.py:" in \
+        failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
+    assert failure_of(roots["127.0.0.2"]).startswith("no progress for "), worker_output[-3000:]

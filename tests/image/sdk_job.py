@@ -1,18 +1,19 @@
-"""One `ModelTrainer` job, or one endpoint, in the SageMaker Python SDK 3's local container mode,
-as a user runs them.
+"""The SageMaker Python SDK's local container mode, driven as a user drives it.
 
-    .venv-sdk3/bin/python tests/image/sdk3_job.py SPEC.json
+    .venv-sdk3/bin/python tests/image/sdk_job.py SPEC.json
+    .venv-sdk2/bin/python tests/image/sdk_job.py SPEC.json      (snippets only)
 
-Runs in the SDK's own virtualenv (scripts/setup_sdk3.sh; the SDK is a test-only dependency,
-kept out of the image and the project's venv). SPEC: image, hosts, root (the SDK's
+Runs in the SDK's own virtualenv (scripts/setup_sdk.sh; the SDK is a test-only dependency,
+kept out of the image and the project's venv). SPEC: one SDK 3 `ModelTrainer` job with
+image, hosts, root (the SDK's
 local_container_root), hyperparameters, channels {name: folder}, and optionally source_code
 (SourceCode's fields), mpi (MPI's fields) and environment. Or, with `snippet`: that Python
 code as it is (the README's), run from the working directory.
 
 No address but loopback is reached: telemetry is opted out through the SDK's own config file,
 AWS credentials and the region are given so that boto3 never asks the instance metadata
-service, and every connection to another address is refused and recorded in SPEC's
-`refused` file, which the test checks is empty. The SDK runs `docker compose` and `docker`;
+service, and every name lookup or connection for anything else is refused and recorded in
+SPEC's `refused` file, which the test checks is empty. The SDK runs `docker compose` and `docker`;
 the test puts its podman shims first on PATH.
 """
 
@@ -24,22 +25,32 @@ from pathlib import Path
 
 
 def guard_network(record: Path) -> None:
-    connect = socket.socket.connect
+    """Refuse (and record) any name lookup or connection that is not loopback."""
+    connect, lookup = socket.socket.connect, socket.getaddrinfo
 
-    def loopback_only(self, address):
-        host = address[0] if isinstance(address, tuple) else None
-        if host is not None:
-            try:
-                allowed = ipaddress.ip_address(host).is_loopback
-            except ValueError:
-                allowed = host == "localhost"
-            if not allowed:
-                with record.open("a") as out:
-                    out.write(f"{host}\n")
-                raise OSError(f"test: connection to {host} refused (loopback only)")
+    def loopback(host) -> bool:
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host == "localhost"
+
+    def refuse(host):
+        with record.open("a") as out:
+            out.write(f"{host}\n")
+        raise OSError(f"test: {host} refused (loopback only)")
+
+    def checked_connect(self, address):
+        if isinstance(address, tuple) and not loopback(address[0]):
+            refuse(address[0])
         return connect(self, address)
 
-    socket.socket.connect = loopback_only
+    def checked_lookup(host, *args, **kwargs):
+        if host is not None and not loopback(host if isinstance(host, str) else host.decode()):
+            refuse(host)
+        return lookup(host, *args, **kwargs)
+
+    socket.socket.connect = checked_connect
+    socket.getaddrinfo = checked_lookup
 
 
 def main(spec_path: str) -> None:

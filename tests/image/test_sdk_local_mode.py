@@ -1,5 +1,5 @@
-"""The SageMaker Python SDK 3 (`ModelTrainer`, sagemaker-train 1.27) drives the image in its own
-local container mode, as a new user would: it writes the job's files and a compose file and
+"""The SageMaker Python SDK 3 (`ModelTrainer`, sagemaker-train 1.27) and 2 (`Estimator`,
+sagemaker 2.257) drive the image in their own local container mode, as a new user would: it writes the job's files and a compose file and
 runs `docker compose up`, here podman-compose behind two small shims (`docker` -> podman,
 `docker-compose` -> podman-compose). What the SDK puts into the containers is described in
 docs/sdk3-modeltrainer.md; these tests prove what this image makes of each case:
@@ -10,16 +10,20 @@ docs/sdk3-modeltrainer.md; these tests prove what this image makes of each case:
   with its sm_train.sh, whose driver the image hands to `train` (container/sdk_handover.py):
   one Horovod job over both containers, and a failing rank's host, line and exit code.
 
-The SDK runs in its own venv (scripts/setup_sdk3.sh) and reaches no address but loopback
-(tests/image/sdk3_job.py). The compose network's name is fixed by the SDK (`sagemaker-local`),
+- the README's SDK 3 and SDK 2 blocks, as they stand: 2-container training, then a local
+  endpoint answering from the trained model.
+
+Each SDK runs in its own venv (scripts/setup_sdk.sh) and reaches no address but loopback
+(tests/image/sdk_job.py). The compose network's name is fixed by the SDK (`sagemaker-local`),
 so these jobs run one at a time, in this one file.
 """
 
 from __future__ import annotations
 
+import ast
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +36,8 @@ from tests.image.conftest import REPO, run_script
 
 pytestmark = pytest.mark.container
 
-SDK_PYTHON = REPO / ".venv-sdk3" / "bin" / "python"
+SDK3 = REPO / ".venv-sdk3" / "bin" / "python"
+SDK2 = REPO / ".venv-sdk2" / "bin" / "python"
 
 SCRIPT = '''
 import json, os, socket, sys
@@ -75,11 +80,11 @@ def containers(engine, root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def sdk3(engine, tmp_path_factory):
+def local_mode(engine, tmp_path_factory):
     """run(spec, name) -> (the output of the SDK's process, the local container root, each
     host's container exit code)."""
-    if not SDK_PYTHON.exists():
-        subprocess.run(["bash", "scripts/setup_sdk3.sh"], cwd=REPO, check=True)
+    for version in (2, 3):  # nothing when `make test`'s set-up made them
+        subprocess.run(["bash", "scripts/setup_sdk.sh", str(version)], cwd=REPO, check=True)
     shims = tmp_path_factory.mktemp("docker-shims")
     compose = Path(sys.executable).with_name("podman-compose")
     # `docker context inspect` (Docker's own; podman answers `[]`, on which the SDK's endpoint
@@ -89,7 +94,7 @@ def sdk3(engine, tmp_path_factory):
     (shims / "docker-compose").write_text(f'#!/bin/sh\nexec {compose} --in-pod false "$@"\n')
     for shim in shims.iterdir():
         shim.chmod(0o755)
-    config = tmp_path_factory.mktemp("sdk3-config") / "config.yaml"
+    config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
     config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
                       "      TelemetryOptOut: true\n")
     env = {**engine.env, "PATH": f"{shims}:{engine.env['PATH']}",
@@ -97,9 +102,9 @@ def sdk3(engine, tmp_path_factory):
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "AKIDLOCALTEST",
            "AWS_SECRET_ACCESS_KEY": "local-test-secret", "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def run(spec: dict, name: str, prepare=None):
+    def run(spec: dict, name: str, prepare=None, python: Path = SDK3):
         """`prepare(root)` lays out the working folder first."""
-        root = tmp_path_factory.mktemp(f"sdk3-{name}")
+        root = tmp_path_factory.mktemp(f"sdk-{name}")
         refused = root / "refused-addresses"
         spec_file = root / "spec.json"
         spec_file.write_text(json.dumps({**spec, "root": str(root), "refused": str(refused)}))
@@ -112,7 +117,7 @@ def sdk3(engine, tmp_path_factory):
         if prepare:
             prepare(root)
         try:  # the SDK's process and its compose children, killed whole on a time-out
-            result = run_script([str(SDK_PYTHON), str(REPO / "tests/image/sdk3_job.py"),
+            result = run_script([str(python), str(REPO / "tests/image/sdk_job.py"),
                                  str(spec_file)], {**env, "HOME": str(root)}, timeout=600,
                                 cwd=root)
             ids = containers(engine, root)
@@ -123,44 +128,69 @@ def sdk3(engine, tmp_path_factory):
             if left:
                 engine.run("rm", "-f", *left, check=False)
         assert not refused.exists(), f"the SDK tried to reach {refused.read_text()}"
-        return result.stdout + result.stderr, root, codes
+        output = result.stdout + result.stderr
+        (root / "sdk-output.txt").write_text(output)  # all of it, for a failing test's reader
+        return output, root, codes
 
     yield run
     engine.run("network", "rm", "sagemaker-local", check=False)
 
 
-def test_hyperparameters_only_runs_the_builtin_trainer_on_one_host(sdk3, image, digits):
-    output, root, codes = sdk3({"image": image, "hosts": 1, "hyperparameters": {"epochs": 2},
+def test_hyperparameters_only_runs_the_builtin_trainer_on_one_host(local_mode, image, digits):
+    output, root, codes = local_mode({"image": image, "hosts": 1, "hyperparameters": {"epochs": 2},
                                "channels": {name: str(digits / name)
                                             for name in ("train", "validation")}}, "builtin")
     assert codes == {"algo-1": 0}, output[-6000:]
     assert "world size 1" in output and "RESULT loss=" in output
 
 
-def readme_blocks() -> list[str]:
-    """The README's ModelTrainer and LocalSession blocks, as they stand."""
+def readme_blocks(sdk: int) -> list[str]:
+    """The README's blocks for SDK 3 (ModelTrainer, then its LocalSession endpoint) or SDK 2
+    (Estimator), as they stand."""
     blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    return [block for block in blocks if "ModelTrainer(" in block or "LocalSession()" in block]
+    if sdk == 3:
+        return [block for block in blocks if "ModelTrainer(" in block
+                or "sagemaker.core.local" in block]
+    return [block for block in blocks if "Estimator(" in block]
 
 
-def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(sdk3, image, digits):
-    """Hyperparameters only on 2 hosts (the image's own `train`, the SDK's `ethwe` resolved),
-    then LocalSession's create_model / create_endpoint run the image's `serve` on the
-    model.tar.gz local mode made, and invoke_endpoint gets a digit's class."""
-    snippet = "\n".join(readme_blocks()).replace('"sagemaker-horovod:cpu"', repr(image))
+def printed_answer(output: str, sdk: int) -> dict:
+    """What the README's block printed: SDK 3 the response body (bytes), SDK 2 the
+    deserialized dict."""
+    if sdk == 3:
+        found = re.search(r"^b'(\{.*\})'$", output, re.M)
+        return json.loads(found.group(1)) if found else {}
+    found = re.search(r"(\{'predictions'.*\})$", output, re.M)
+    return ast.literal_eval(found.group(1)) if found else {}
+
+
+@pytest.mark.parametrize("sdk", [3, 2])
+def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(local_mode, image, digits,
+                                                                           sdk):
+    """Hyperparameters only on 2 hosts (the image's own `train`; SDK 3's `ethwe` resolved),
+    then the SDK's local endpoint runs the image's `serve` on the model.tar.gz local mode
+    made, and gets a digit's class."""
+    blocks = readme_blocks(sdk)
+    assert len(blocks) == (2 if sdk == 3 else 1)
+    snippet = "\n".join(blocks).replace('"sagemaker-horovod:cpu"', repr(image))
 
     def like_make_train(root):
         (root / "build" / "default-job" / "input").mkdir(parents=True)
         (root / "build" / "default-job" / "input" / "data").symlink_to(digits)
 
-    output, root, codes = sdk3({"image": image, "snippet": snippet}, "readme", like_make_train)
-    assert len(readme_blocks()) == 2
-    assert codes.get("algo-1") == codes.get("algo-2") == 0, output[-6000:]
+    output = local_mode({"image": image, "snippet": snippet}, f"readme-sdk{sdk}",
+                        like_make_train, SDK3 if sdk == 3 else SDK2)[0]
+    # (SDK 2 removes its training containers, so their logs, not their exit codes; it names
+    # its compose services algo-1-<suffix>)
+    for host in ("algo-1", "algo-2"):
+        assert re.search(rf"\[{host}(-\w+)?\] \|.* launcher: job completed", output), \
+            output[-6000:]
     assert "world size 2" in output and "RESULT loss=" in output
-    assert "network interface ethwe (resourceconfig.json) is not on this host" in output
-    answer = re.search(r"^b'(\{.*\})'$", output, re.M)
+    if sdk == 3:  # SDK 2's local mode writes no network_interface_name (eth0 is assumed)
+        assert "network interface ethwe (resourceconfig.json) is not on this host" in output
+    answer = printed_answer(output, sdk)
     assert answer, output[-6000:]
-    prediction = json.loads(answer.group(1))["predictions"][0]
+    prediction = answer["predictions"][0]
     assert 0 <= prediction["class"] <= 9 and len(prediction["probabilities"]) == 10
 
 
@@ -179,9 +209,9 @@ WAYS = {"entry_script": (None, None, False),
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_source_code_runs_one_job_over_both_containers(sdk3, image, digits, source, way):
+def test_source_code_runs_one_job_over_both_containers(local_mode, image, digits, source, way):
     mpi, command, train_is_pid1 = WAYS[way]
-    output, root, codes = sdk3({"image": image, "hosts": 2, "hyperparameters": {"epochs": 2},
+    output, root, codes = local_mode({"image": image, "hosts": 2, "hyperparameters": {"epochs": 2},
                                "source_code": {"source_dir": str(source), "command": command,
                                                "entry_script": "train.py"},
                                "mpi": mpi, "channels": {"train": str(digits / "train")}},
@@ -200,8 +230,8 @@ def test_source_code_runs_one_job_over_both_containers(sdk3, image, digits, sour
     assert {r["pid1"].endswith("/bin/train ") for r in reports} == {train_is_pid1}, reports
 
 
-def test_a_failing_rank_is_the_jobs_failure(sdk3, image, digits, source):
-    output, root, codes = sdk3({"image": image, "hosts": 2, "hyperparameters": {"epochs": 1},
+def test_a_failing_rank_is_the_jobs_failure(local_mode, image, digits, source):
+    output, root, codes = local_mode({"image": image, "hosts": 2, "hyperparameters": {"epochs": 1},
                                "source_code": {"source_dir": str(source),
                                                "entry_script": "train.py"},
                                "mpi": {"process_count_per_node": 1},
