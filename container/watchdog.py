@@ -34,7 +34,7 @@ STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job 
 _TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
 # faulthandler writes a line in several pieces, and mpirun tags each piece it reads, so one
 # line of its output can hold pieces of several ranks' lines, each after its own tag
-_ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr)>:")
+_ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")
@@ -57,7 +57,7 @@ class ProgressWatch:
     stacks: dict[int, list[str]] = field(default_factory=dict)
     missing: str = ""  # Horovod's stall check: which ranks never submitted which tensor
     after_missing: bool = False  # the last line was Horovod's "Missing ranks:"
-    pieces: dict[int, str] = field(default_factory=dict)  # each rank's unfinished stack line
+    pieces: dict[tuple[int, str], str] = field(default_factory=dict)  # unfinished lines
     silence: float | None = None  # set when the watchdog fired: seconds without progress
 
     def __post_init__(self) -> None:
@@ -99,14 +99,16 @@ class ProgressWatch:
         return False
 
     def _collect_stacks(self, line: str) -> None:
-        """Reassemble each rank's lines from the tagged pieces of one output line: a piece
-        ends its rank's line only when it ends the output line."""
-        parts = _ANY_TAG.split(line)[1:]  # rank, text, rank, text, ...
-        for index in range(0, len(parts), 2):
-            rank, text = int(parts[index]), parts[index + 1]
-            self.pieces[rank] = self.pieces.get(rank, "") + text
-            if index == len(parts) - 2:
-                self.stacks.setdefault(rank, []).append(self.pieces.pop(rank))
+        """Reassemble each rank's stderr lines from the tagged pieces of one output line: a
+        piece ends its rank's line only when it ends the output line."""
+        parts = _ANY_TAG.split(line)[1:]  # rank, stream, text, rank, stream, text, ...
+        for index in range(0, len(parts), 3):
+            stream = (int(parts[index]), parts[index + 1])
+            self.pieces[stream] = self.pieces.get(stream, "") + parts[index + 2]
+            if index == len(parts) - 3:
+                text = self.pieces.pop(stream)
+                if stream[1] == "stderr":
+                    self.stacks.setdefault(stream[0], []).append(text)
 
     def overdue(self) -> float | None:
         """Seconds without progress, when that is past the limit; else None."""
