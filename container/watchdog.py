@@ -78,16 +78,17 @@ class ProgressWatch:
         tagged = _TAG.match(line.rstrip("\n"))
         if not tagged:
             return False
-        if self.silence is not None:
-            self._collect_stacks(line.rstrip("\n"))
-            return False
         rank, text = int(tagged["rank"]), tagged["text"]
         progress, step = parse_progress(text)
         if progress:
-            self.last_progress = self.clock()
-            if step is not None:
-                self.steps[rank] = step
+            if self.silence is None:  # what ranks finish while they are being stopped is moot
+                self.last_progress = self.clock()
+                if step is not None:
+                    self.steps[rank] = step
             return True
+        if self.silence is not None:
+            self._collect_stacks(line.rstrip("\n"))
+            return False
         if tagged["stream"] == "stdout":
             if self.script_mode:
                 self.last_progress = self.clock()

@@ -86,8 +86,8 @@ class Checkpointer(tf.keras.callbacks.Callback):
 
 class ReportProgress(tf.keras.callbacks.Callback):
     """Tells the launcher's watchdog that this rank finished an optimizer step (every
-    `accumulation_steps` batches) or a validation batch; `first_step` continues the count of
-    a resumed job."""
+    `accumulation_steps` batches), a validation batch or an epoch; `first_step` continues the
+    count of a resumed job."""
 
     def __init__(self, accumulation_steps: int = 1, first_step: int = 0):
         super().__init__()
@@ -100,3 +100,6 @@ class ReportProgress(tf.keras.callbacks.Callback):
 
     def on_test_batch_end(self, batch, logs=None):
         Progress.report(self.batches // self.accumulation_steps)
+
+    def on_epoch_end(self, epoch, logs=None):
+        Progress.report(self.batches // self.accumulation_steps, force=True)

@@ -22,8 +22,10 @@ class Progress:
     last = -INTERVAL
 
     @classmethod
-    def report(cls, step: int | None = None) -> None:
+    def report(cls, step: int | None = None, *, force: bool = False) -> None:
+        """`force`: print even within the interval (at the end of an epoch, so that the last
+        step reported is the last step finished before validation and checkpointing)."""
         now = time.monotonic()
-        if now - cls.last >= INTERVAL:
+        if force or now - cls.last >= INTERVAL:
             cls.last = now
             emit(progress_line(step))
