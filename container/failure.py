@@ -29,7 +29,7 @@ from job.protocol import FailureKind, RankFailure, exit_code, parse_rank_failure
 FAILURE_LIMIT = 1024
 
 _FRAME = re.compile(r"^-{20,}$")  # OpenMPI frames each help message with these
-_TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
+TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
 _ABORT = re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
                     r"with errorcode (?P<code>-?\d+)")
 _EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s+Exit code:\s+(?P<code>-?\d+)")
@@ -69,7 +69,7 @@ class OutputLog:
     def add(self, line: str) -> None:
         line = line.rstrip("\n")
         self.tail.append(line)
-        tagged = _TAG.match(line)
+        tagged = TAG.match(line)
         text = tagged["text"] if tagged else line
         report = parse_rank_failure(text)
         if report:

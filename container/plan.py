@@ -22,10 +22,9 @@ from typing import Any, Mapping
 from container import mpirun
 from job.errors import ConfigError
 from job.hyperparameters import decode
-from job.validated import JobHyperparameters
+from job.validated import JobHyperparameters, submit_directory
 from job.launch_config import LaunchConfig
 from job.sagemaker_config import JobConfig
-from container.source_dir import submit_directory
 from container.sshd import SshFiles, ssh_client_args
 from job.batching import BatchPlan, plan_batches
 from job.rank_job import RankJob

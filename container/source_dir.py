@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from job.errors import ConfigError
@@ -37,14 +36,9 @@ from job.hyperparameters import decode
 from job.launch_config import LaunchConfig
 from job.paths import MlPaths
 from job.sagemaker_config import JobConfig
-from job.validated import SUBMIT_ENV
+from job.validated import submit_directory
 
 REQUIREMENTS = "requirements.txt"
-
-
-def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
-    """The job's submit directory URI, "" when it has none."""
-    return launch.submit_directory or environ.get(SUBMIT_ENV, "")
 
 
 def region(job: JobConfig) -> str | None:

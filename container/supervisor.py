@@ -47,7 +47,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received.is_set():
-            self._escalate()
+            self.escalate()
             return
         self.received.set()
         print(f"launcher: received {signal.Signals(signum).name}; asking the ranks to save a "
@@ -59,12 +59,9 @@ class StopSignals:
         try:
             self.process.wait(timeout=self.grace)
         except subprocess.TimeoutExpired:
-            self._escalate()
+            self.escalate()
 
-    def force_stop(self) -> None:
-        self._escalate()
-
-    def _escalate(self) -> None:
+    def escalate(self) -> None:
         print("launcher: ranks did not stop in time; terminating mpirun", flush=True)
         self._signal(signal.SIGTERM)
         try:
@@ -121,5 +118,5 @@ def _watchdog(process: subprocess.Popen, watch: ProgressWatch, stops: StopSignal
         try:
             process.wait(timeout=STACK_GRACE)
         except subprocess.TimeoutExpired:
-            stops.force_stop()
+            stops.escalate()
         return

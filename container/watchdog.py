@@ -21,24 +21,22 @@ about missing ranks and tensors.
 from __future__ import annotations
 
 import re
-import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from container.failure import TAG
 from job.launch_config import LaunchConfig
-from job.protocol import parse_progress
+from job.protocol import LIBRARY_PATHS, parse_progress
 
 STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job is stopped
-_TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
 # faulthandler writes a line in several pieces, and mpirun tags each piece it reads, so one
 # line of its output can hold pieces of several ranks' lines, each after its own tag
 _ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")
-_LIBRARY = tuple(sysconfig.get_paths()[name] for name in ("stdlib", "purelib", "platlib"))
 
 
 @dataclass
@@ -75,7 +73,8 @@ class ProgressWatch:
     def observe(self, line: str) -> bool:
         """Take one line of mpirun's output; True when it is a progress line, which the
         supervisor does not echo (one per rank per second would drown the log)."""
-        tagged = _TAG.match(line.rstrip("\n"))
+        line = line.rstrip("\n")
+        tagged = TAG.match(line)
         if not tagged:
             return False
         rank, text = int(tagged["rank"]), tagged["text"]
@@ -87,7 +86,7 @@ class ProgressWatch:
                     self.steps[rank] = step
             return True
         if self.silence is not None:
-            self._collect_stacks(line.rstrip("\n"))
+            self._collect_stacks(line)
             return False
         if tagged["stream"] == "stdout":
             if self.script_mode:
@@ -111,12 +110,17 @@ class ProgressWatch:
                 if stream[1] == "stderr":
                     self.stacks.setdefault(stream[0], []).append(text)
 
+    def _limit(self) -> tuple[str, float]:
+        """The allowance in force: before the first progress, or after it."""
+        if self.last_progress is None:
+            return "first_progress_timeout", self.first_timeout
+        return "progress_timeout", self.timeout
+
     def overdue(self) -> float | None:
         """Seconds without progress, when that is past the limit; else None."""
         since = self.last_progress if self.last_progress is not None else self.started
-        limit = self.timeout if self.last_progress is not None else self.first_timeout
         quiet = self.clock() - since
-        return quiet if quiet >= limit else None
+        return quiet if quiet >= self._limit()[1] else None
 
     def fire(self, silence: float) -> None:
         """From now on stderr lines are the ranks' stacks."""
@@ -124,9 +128,7 @@ class ProgressWatch:
 
     def reason(self) -> str:
         """The failure file's sentence: how long, each rank's step and place, Horovod's word."""
-        limit = ("progress_timeout" if self.last_progress is not None
-                 else "first_progress_timeout")
-        limit_value = self.timeout if self.last_progress is not None else self.first_timeout
+        limit, limit_value = self._limit()
         before = "" if self.last_progress is not None else " (none since the start)"
         groups: dict[str, list[int]] = {}
         for rank in range(self.world_size):
@@ -162,7 +164,7 @@ def where(stack: list[str]) -> str:
         return "gave no stack (stopped, or stuck outside Python)"
     inner = frames[0]
     text = f"in {inner['function']} ({Path(inner['file']).name}:{inner['line']})"
-    own = next((frame for frame in frames if not frame["file"].startswith(_LIBRARY)
+    own = next((frame for frame in frames if not frame["file"].startswith(LIBRARY_PATHS)
                 and not frame["file"].startswith("<")), None)
     if own is not None and own is not inner:
         text += f" from {Path(own['file']).name}:{own['line']}"

@@ -142,12 +142,15 @@ class RankFailure:
                 f"{self.error}")
 
 
+# Python's own library and installed packages: a frame outside them is the user's code.
+LIBRARY_PATHS = tuple(sysconfig.get_paths()[name] for name in ("stdlib", "purelib", "platlib"))
+
+
 def failing_frame(error: BaseException) -> traceback.FrameSummary | None:
     """Where `error` was raised: the innermost frame of the traceback outside Python's own
     library and installed packages (the user's code that failed), else the innermost one."""
     frames = traceback.extract_tb(error.__traceback__)
-    library = tuple(sysconfig.get_paths()[name] for name in ("stdlib", "purelib", "platlib"))
-    own = [frame for frame in frames if not frame.filename.startswith(library)]
+    own = [frame for frame in frames if not frame.filename.startswith(LIBRARY_PATHS)]
     return (own or frames or [None])[-1]
 
 

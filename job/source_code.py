@@ -50,26 +50,27 @@ def read_source_code(paths: MlPaths) -> SourceCode | None:
     """The SDK 3 SourceCode of this job; None for a job that has none (SDK 2, the console,
     the API, this project's tools). ConfigError when the SDK's files cannot be read."""
     drivers = paths.channel(DRIVERS_CHANNEL)
-    source = _read_object(drivers / "sourcecode.json")
+    source_file, distributed_file = drivers / "sourcecode.json", drivers / "distributed.json"
+    source = _read_object(source_file)
     if source is None:
         return None
-    distributed = _read_object(drivers / "distributed.json") or {}
-    entry_script = _text(source, "entry_script", drivers / "sourcecode.json")
+    distributed = _read_object(distributed_file) or {}
+    entry_script = _text(source, "entry_script", source_file)
     if entry_script and not entry_script.endswith(".py"):
         raise ConfigError(f"SourceCode entry_script {entry_script!r}: this image runs Python "
                           "entry scripts on every rank; give a .py file (a shell script can "
                           "run as SourceCode(command=...))")
     code = paths.channel(CODE_CHANNEL)
-    archive = _text(source, "source_dir", drivers / "sourcecode.json")
+    archive = _text(source, "source_dir", source_file)
     if archive.endswith(".tar.gz"):
         code = code / archive.rstrip("/").rpartition("/")[2]
     return SourceCode(
         entry_script=entry_script,
-        command=_text(source, "command", drivers / "sourcecode.json"),
-        requirements=_text(source, "requirements", drivers / "sourcecode.json"),
-        processes_per_host=_count(distributed, drivers / "distributed.json"),
-        mpi_options=_options(distributed, drivers / "distributed.json"),
-        distribution=_distribution(distributed, drivers / "distributed.json"),
+        command=_text(source, "command", source_file),
+        requirements=_text(source, "requirements", source_file),
+        processes_per_host=_count(distributed, distributed_file),
+        mpi_options=_options(distributed, distributed_file),
+        distribution=_distribution(distributed, distributed_file),
         code=code if code.exists() else Path())
 
 

@@ -71,6 +71,12 @@ def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
     return JobHyperparameters(launch, "", user, ignored, trainer)
 
 
+def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
+    """The job's submit directory URI (the hyperparameter, else SAGEMAKER_SUBMIT_DIRECTORY),
+    "" when it has none."""
+    return launch.submit_directory or environ.get(SUBMIT_ENV, "")
+
+
 def with_source_code(launch: LaunchConfig, source: SourceCode,
                      environ: Mapping[str, str]) -> LaunchConfig:
     """The launcher's settings with what SDK 3's SourceCode and distributed= say."""
@@ -80,7 +86,7 @@ def with_source_code(launch: LaunchConfig, source: SourceCode,
                           "distributed=MPI(process_count_per_node=...) or leave distributed out")
     options = " ".join(part for part in (shlex.join(source.mpi_options), launch.mpi_options)
                        if part)
-    submit = launch.submit_directory or environ.get(SUBMIT_ENV, "") or \
+    submit = submit_directory(launch, environ) or \
         (str(source.code) if source.code != Path() else "")
     return replace(launch, program=launch.program or source.entry_script,
                    processes_per_host=launch.processes_per_host or source.processes_per_host,

@@ -13,8 +13,8 @@
 `callbacks()` broadcasts rank 0's initial weights, averages the epoch metrics over ranks,
 stops every rank together when the job is asked to stop (SIGTERM on SageMaker), so a script
 that uses it ends cleanly within SageMaker's grace period, and reports each finished step to
-the launcher's watchdog (`heartbeat()` does that for a script's own loop). The built-in trainer uses the same
-start-up, optimizer (one micro-batch per step) and stop callback; it accumulates micro-batches
+the launcher's watchdog (`heartbeat()` does that for a script's own loop). The built-in
+trainer uses the same start-up, optimizer (one micro-batch per step) and stop callback; it accumulates micro-batches
 in its own training step instead (train/accumulation.py says why). `export` writes the model
 as the built-in trainer does; a script that calls model.save(SM_MODEL_DIR/...) instead is
 served too, as raw outputs with no class labels.

@@ -47,10 +47,10 @@ def cluster(make_job, make_script_job):
     return make
 
 
-def start(root, env=None):
+def start(root, env=None, cwd=None):
     return subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def runtime_of(launcher_pid):

@@ -5,7 +5,6 @@ the SDK writes them (`model_dump()` of its pydantic configs, hyperparameters thr
 running the image is in tests/image/test_sdk_local_mode.py."""
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -17,8 +16,8 @@ from job.errors import ConfigError
 from job.paths import MlPaths
 from job.source_code import read_source_code
 from job.validated import validate_hyperparameters
-from tests.conftest import TRAIN, failure_of, run_train, write_json
-from tests.container.test_multi_host import HOSTS
+from tests.conftest import failure_of, run_train, write_json
+from tests.container.test_multi_host import HOSTS, start
 from tests.s3_server import uninstall, write_wheel
 from container.network import free_port
 
@@ -218,10 +217,7 @@ def sdk3_cluster(make_job, tmp_path):
 def start_in_code_channel(root, env=None):
     """The launcher as sm_train.sh starts it: from the code channel, where a train.py lies
     (ranks inherit mpirun's directory; it must not shadow the image's `train` package)."""
-    return subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})},
-                            cwd=root / "input" / "data" / "code")
+    return start(root, env, cwd=root / "input" / "data" / "code")
 
 
 def run_cluster(roots, env=None):
