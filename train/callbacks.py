@@ -24,11 +24,7 @@ class StopOnRequest(tf.keras.callbacks.Callback):
     def __init__(self, accumulation_steps: int):
         super().__init__()
         self.accumulation_steps = accumulation_steps
-        self.stopped_in_epoch: int | None = None
-        self.epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
+        self.stopped = False
 
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.accumulation_steps:
@@ -37,32 +33,48 @@ class StopOnRequest(tf.keras.callbacks.Callback):
         # would cost a background-thread cycle per step.
         if MPI.COMM_WORLD.allreduce(StopRequest.requested(), op=MPI.LOR):
             self.model.stop_training = True
-            self.stopped_in_epoch = self.epoch
+            self.stopped = True
+
+
+class StepCount(tf.keras.callbacks.Callback):
+    """Optimizer steps this process finished (the built-in trainer: one per batch), over every
+    `fit` it is passed to."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
 
 
 class EpochReport(tf.keras.callbacks.Callback):
-    """Rank 0 prints one METRICS line per epoch (after MetricAverageCallback averaged them)."""
+    """Rank 0 prints one METRICS line per epoch (after MetricAverageCallback averaged them);
+    the epoch a resumed job continues reports the steps it ran after the resume."""
 
-    def __init__(self, samples_per_epoch: int, learning_rate: Callable[[], float],
+    def __init__(self, samples_per_step: int, learning_rate: Callable[[], float],
                  history: dict[str, list[float]]):
         super().__init__()
-        self.samples_per_epoch = samples_per_epoch
+        self.samples_per_step = samples_per_step
         self.learning_rate = learning_rate
         self.started = self.trained = 0.0
+        self.steps = 0
         self.history = history  # resumed jobs continue the curves of earlier runs
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started = time.perf_counter()
+        self.steps = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self.trained = time.perf_counter()
+        self.steps += 1
 
     def on_epoch_end(self, epoch, logs=None):
         if self.model.stop_training:  # an interrupted epoch has no comparable numbers
             return
         elapsed = self.trained - self.started  # training only, not validation
         values = {**(logs or {}), "lr": self.learning_rate(),
-                  "samples_per_sec": self.samples_per_epoch / max(elapsed, 1e-9)}
+                  "samples_per_sec": self.steps * self.samples_per_step / max(elapsed, 1e-9)}
         for key, value in values.items():
             self.history.setdefault(key, []).append(float(value))
         if hvd.rank() == 0:
@@ -72,7 +84,7 @@ class EpochReport(tf.keras.callbacks.Callback):
 class Checkpointer(tf.keras.callbacks.Callback):
     """Rank 0 saves a checkpoint every `every` epochs (and the last one)."""
 
-    def __init__(self, save: Callable[[int], None], every: int, epochs: int):
+    def __init__(self, save: Callable[[], None], every: int, epochs: int):
         super().__init__()
         self.save, self.every, self.epochs = save, every, epochs
 
@@ -81,7 +93,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
         if self.model.stop_training or not self.every:
             return
         if done % self.every == 0 or done == self.epochs:
-            self.save(done)
+            self.save()
 
 
 class ReportProgress(tf.keras.callbacks.Callback):

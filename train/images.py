@@ -69,12 +69,11 @@ class ImageFolder:
     def labels(self) -> tuple[int, set]:
         return len(self.files), set(self.names)
 
-    def samples(self, shuffle_seed: int | None) -> tf.data.Dataset:
+    def samples(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset:
         paths = tf.data.Dataset.from_tensor_slices(
             ([str(p) for p in self.files], self.names))
         if shuffle_seed is not None:  # names only: the whole list fits whatever the images
-            paths = paths.shuffle(len(self.files), seed=shuffle_seed,
-                                  reshuffle_each_iteration=True)
+            paths = paths.shuffle(len(self.files), seed=shuffle_seed)
         return paths.map(lambda path, name: (decode(tf.io.read_file(path), self.spec), name),
                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 

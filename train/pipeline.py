@@ -13,6 +13,12 @@ Every kind of channel becomes a source with the same four parts:
 Training adds a bounded shuffle buffer, endless repetition (every rank runs the same number of
 steps, whatever its share), optional augmentation, batching and autotuned prefetch. Memory is
 the shuffle buffer and the prefetched batches, not the channel.
+
+A rank's training stream is a pure function of its seed and a position: pass p over the share
+is drawn in an order seeded by (seed, p), and the augmentation of its i-th sample by
+(seed, p, i). So a resumed job rebuilds the stream exactly where the stopped one was
+(train.position): earlier passes cost nothing, the samples already trained in the current pass
+are read and dropped, not trained.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class Source(Protocol):
 
     def labels(self) -> tuple[int, set]: ...
 
-    def samples(self, shuffle_seed: int | None) -> tf.data.Dataset: ...
+    def samples(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset: ...
 
     def diagnose(self) -> None: ...
 
@@ -77,11 +83,14 @@ class Table:
             seen.update(np.unique(y).tolist())
         return count, seen
 
-    def samples(self, shuffle_seed: int | None) -> tf.data.Dataset:
-        order = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
-        return tf.data.Dataset.from_generator(lambda: self.chunks(order), output_signature=(
-            tf.TensorSpec((None, *self.shape), tf.float32),
-            tf.TensorSpec((None,), tf.int64))).unbatch()
+    def samples(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset:
+        def generate(seed):  # the seed arrives as a NumPy integer, -1 for no shuffling
+            return self.chunks(None if seed < 0 else np.random.default_rng(seed))
+
+        return tf.data.Dataset.from_generator(
+            generate, args=(-1 if shuffle_seed is None else shuffle_seed,), output_signature=(
+                tf.TensorSpec((None, *self.shape), tf.float32),
+                tf.TensorSpec((None,), tf.int64))).unbatch()
 
     def diagnose(self) -> None:
         self.labels()  # the readers raise DataError with the file and line
@@ -129,17 +138,28 @@ def label_lookup(classes: list) -> tf.lookup.StaticHashTable:
         tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(classes), dtype=tf.int64)), -1)
 
 
+PASS_SEEDS = 2**24  # passes of one rank with distinct seeds before they repeat
+
+
 def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int,
-                   config: TrainerConfig, seed: int, augment: bool) -> tf.data.Dataset:
-    """Endless shuffled batches of (features, class index); `seed` differs per rank. Labels
-    are looked up a batch at a time (per sample costs 2x the throughput of tabular data)."""
-    dataset = (source.samples(seed)
-               .shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-               .repeat())
+                   config: TrainerConfig, seed: int, augment: bool,
+                   start: tuple[int, int] = (0, 0)) -> tf.data.Dataset:
+    """Endless shuffled batches of (features, class index); `seed` differs per rank, `start`
+    is (pass, samples into it) of the stream (train.position.stream_start). Labels are looked
+    up a batch at a time (per sample costs 2x the throughput of tabular data)."""
+    first_pass, skip = start
+
+    def one_pass(index: tf.Tensor) -> tf.data.Dataset:
+        pass_seed = seed * PASS_SEEDS + index % PASS_SEEDS
+        samples = source.samples(pass_seed).shuffle(config.shuffle_buffer, seed=pass_seed)
+        if augment:  # each sample's own seed pair, so a resumed pass augments the same way
+            samples = samples.enumerate().map(lambda i, pair: (pair, tf.stack([pass_seed, i])))
+        return samples
+
+    dataset = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(skip)
     if augment:
-        dataset = tf.data.Dataset.zip((dataset, tf.data.Dataset.random(seed).batch(2))).map(
-            lambda pair, pair_seed: (images.augment(pair[0], pair_seed), pair[1]),
-            num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.map(lambda pair, pair_seed: (images.augment(pair[0], pair_seed), pair[1]),
+                              num_parallel_calls=tf.data.AUTOTUNE)
     return (dataset.batch(batch, drop_remainder=True)
             .map(lambda x, label: (x, lookup.lookup(label)))
             .prefetch(tf.data.AUTOTUNE))

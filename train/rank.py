@@ -99,6 +99,12 @@ class StopRequest:
         cls.polled = True
         return cls.event.is_set()
 
+    @classmethod
+    def arm(cls) -> None:
+        """From now on the caller polls: a stop is a request (honoured after the next step,
+        with a checkpoint), no longer an exit."""
+        cls.polled = True
+
 
 def report_failure(rank: int, host: str, error: BaseException) -> None:
     """One failure report on stderr in one write, so mpirun's tag stays on the line."""

@@ -99,7 +99,7 @@ class TFRecordShards:
         self.layout = inspect(channel.files[0], feature_key, label_key, image_size)
         self.shape = self.layout.shape
 
-    def records(self, shuffle_seed: int | None) -> tf.data.Dataset:
+    def records(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset:
         files = [str(p) for p in self.share.files]
         kinds = [compression(p) for p in self.share.files]
         if not self.share.by_file:  # every rank reads the same order and keeps its records
@@ -108,12 +108,12 @@ class TFRecordShards:
                     .shard(self.share.step, self.share.offset))
         names = tf.data.Dataset.from_tensor_slices((files, kinds))
         if shuffle_seed is not None:
-            names = names.shuffle(len(files), seed=shuffle_seed, reshuffle_each_iteration=True)
+            names = names.shuffle(len(files), seed=shuffle_seed)
         return names.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
                                 num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=shuffle_seed is None)
 
-    def samples(self, shuffle_seed: int | None) -> tf.data.Dataset:
+    def samples(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset:
         return self.records(shuffle_seed).map(self.layout.parse,
                                               num_parallel_calls=tf.data.AUTOTUNE,
                                               deterministic=shuffle_seed is None)

@@ -21,7 +21,7 @@ from job.protocol import Mark, mark_line, stopped_line
 from train import distributed
 from train.accumulation import AccumulatingModel
 from job.batching import BatchPlan
-from train.callbacks import Checkpointer, EpochReport, ReportProgress, StopOnRequest
+from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
 from train.checkpoints import CheckpointStore
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
@@ -30,7 +30,8 @@ from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
 from train.pipeline import (Source, evaluation_input, label_lookup, moments,
                             naming_bad_records, open_source, training_input)
-from train.rank import RankContext, emit
+from train.position import JobPosition, stream_start
+from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
 from train.sharding import assign, readers
 
@@ -60,8 +61,9 @@ def open_share(context: RankContext, config: TrainerConfig, channel: Channel,
 
 
 def count_train(source: Source, channel: Channel, context: RankContext
-                ) -> tuple[int, list, tuple[int, ...]]:
-    """(samples on all ranks, sorted classes, sample shape), from the counting pass.
+                ) -> tuple[int, int, list, tuple[int, ...]]:
+    """(samples on all ranks, samples in this rank's share, sorted classes, sample shape),
+    from the counting pass.
 
     # distributed: every rank counts its own share; all ranks get the same totals.
     """
@@ -83,7 +85,7 @@ def count_train(source: Source, channel: Channel, context: RankContext
     if len(classes) < 2:
         raise DataError(f"channel {channel.name}: every label is {classes}; a classifier "
                         f"needs at least two classes")
-    return sum(share[0] for share in shares), classes, shapes.pop()
+    return sum(share[0] for share in shares), count, classes, shapes.pop()
 
 
 def feature_statistics(source: Source, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -180,7 +182,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
     channels = read_channels(paths.input_data_config, paths.data_dir)
     train_channel = channels.get("train", Channel("train"))
     train_source = open_share(context, config, train_channel)
-    total, classes, shape = count_train(train_source, train_channel, context)
+    total, share, classes, shape = count_train(train_source, train_channel, context)
     with naming_bad_records([train_source]):
         mean, variance = feature_statistics(train_source, config.seed + context.rank)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
@@ -208,46 +210,67 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
-    initial_epoch, history = 0, {}
+    start, history = JobPosition(0, 0, 0), {}
     if hvd.rank() == 0:
         store.clean_torn()
         resumed = store.resume(checkpoint, lambda message: emit(f"trainer: {message}"))
         if resumed:
             folder, state = resumed
-            initial_epoch = state["epochs_done"]
+            start = JobPosition.from_state(state, plan.global_batch, steps_per_epoch)
             history = state.get("history", {})
-            emit(f"trainer: resumed from {folder} (epochs done: {initial_epoch})")
-    initial_epoch = hvd_tf.broadcast_object(initial_epoch, root_rank=0, name="initial_epoch")
+            emit(f"trainer: resumed from {folder} at {start.describe()}")
+    start = hvd_tf.broadcast_object(start, root_rank=0, name="start")
     # distributed: every rank starts from rank 0's weights and optimizer state.
     hvd_tf.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
 
-    def save(epochs_done: int, **state) -> None:
+    steps = StepCount()
+
+    def position() -> JobPosition:
+        return start.after(steps.count, plan.global_batch, steps_per_epoch)
+
+    def save(**state) -> None:
+        average_batch_statistics(model)  # so a resumed job goes on as if never stopped
         if hvd.rank() == 0:
-            store.save(checkpoint, epochs_done, history=report.history, **state)
+            now = position()
+            store.save(checkpoint, now.epochs_done, **now.counts(plan.global_batch),
+                       history=report.history, **state)
 
     stop = StopOnRequest(accumulation_steps=1)  # every batch is one optimizer step
-    report = EpochReport(steps_per_epoch * plan.global_batch,
-                         lambda: float(schedule(optimizer.iterations)), history)
+    report = EpochReport(plan.global_batch, lambda: float(schedule(optimizer.iterations)),
+                         history)
     callbacks = [hvd.callbacks.MetricAverageCallback(),  # distributed: average epoch metrics
-                 stop, report, Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
-                 ReportProgress(first_step=initial_epoch * steps_per_epoch)]
+                 steps, stop, report,
+                 Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
+                 ReportProgress(first_step=start.epochs_done * steps_per_epoch
+                                + start.steps_in_epoch)]
     if hvd.rank() == 0:
         callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))
-    with naming_bad_records(sources):
+
+    def fit(epochs: int, steps: int) -> None:
+        """Train from where the job stands to the end of epoch `epochs`, `steps` per epoch."""
+        now = position()
+        StopRequest.arm()
+        say(f"training from {now.describe()} to the end of epoch {epochs}")
         stepper.fit(training_input(train_source, lookup, plan.per_device_batch, config,
                                    config.seed + context.rank,
-                                   augment=config.augment and len(shape) == 3),
-                    steps_per_epoch=steps_per_epoch, epochs=config.epochs,
-                    initial_epoch=initial_epoch, validation_data=validation,
-                    callbacks=callbacks, verbose=0)
+                                   augment=config.augment and len(shape) == 3,
+                                   start=stream_start(now.samples_done, plan.world_size, share)),
+                    steps_per_epoch=steps, epochs=epochs, initial_epoch=now.epochs_done,
+                    validation_data=validation, callbacks=callbacks, verbose=0)
+
+    with naming_bad_records(sources):
+        if start.steps_in_epoch and start.epochs_done < config.epochs:
+            fit(start.epochs_done + 1, steps_per_epoch - start.steps_in_epoch)  # its rest
+        if not stop.stopped:
+            fit(config.epochs, steps_per_epoch)
     average_batch_statistics(model)
     verify_identical_weights(model)
 
-    if stop.stopped_in_epoch is not None:
-        save(stop.stopped_in_epoch, interrupted=True)
+    if stop.stopped:
+        save(interrupted=True)
         say(stopped_line(f"checkpoint saved in {paths.checkpoint_dir}; a restarted job "
-                         f"resumes at epoch {stop.stopped_in_epoch + 1}"))
+                         f"resumes at {position().describe()}"))
         return
     if hvd.rank() == 0:
         final = {k: v[-1] for k, v in report.history.items()} if report.history else {}

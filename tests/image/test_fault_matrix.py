@@ -204,7 +204,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped(engine, image, data, tmp_path):
         codes, leader = rerun(engine, cluster, spec, "newest checkpoint truncated, job restarted")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
     assert "skipped checkpoint /opt/ml/checkpoints/epoch-000002" in leader, leader[-3000:]
-    assert "resumed from /opt/ml/checkpoints/epoch-000001 (epochs done: 1)" in leader
+    assert "resumed from /opt/ml/checkpoints/epoch-000001 at epoch 2" in leader
 
 
 RAISES = """
