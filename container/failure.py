@@ -36,6 +36,11 @@ _EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s+Exit code:\
 _SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on "
                      r"signal (?P<signal>\d+)(?: \((?P<name>[^)]*)\))?")
 _LOST = re.compile(r"Remote daemon: \[\[\d+,\d+\],\d+\] on node (?P<host>\S+)")
+# TensorFlow's coordination service (MultiWorkerMirroredStrategy) lists a frozen or vanished
+# worker after this phrase, on the same line or the next, by its task index, which is its rank
+# (job.rank_job.RankJob.tf_config).
+_TF_HEARTBEATS = "stopped sending heartbeats"
+_TF_TASK = re.compile(r"/job:worker/replica:\d+/task:(?P<task>\d+)")
 _SSH = re.compile(r"ssh: (?:connect to host (?P<host>\S+)|Could not resolve hostname "
                   r"(?P<unresolved>[^:\s]+))[^\n]*")
 
@@ -65,12 +70,19 @@ class OutputLog:
     reports: list[RankFailure] = field(default_factory=list)
     untagged: deque = field(default_factory=lambda: deque(maxlen=400))
     tail: deque = field(default_factory=lambda: deque(maxlen=20))
+    unhealthy_worker: int | None = None  # the first worker TensorFlow reported as silent
+    _heartbeats_reported: bool = False
 
     def add(self, line: str) -> None:
         line = line.rstrip("\n")
         self.tail.append(line)
         tagged = TAG.match(line)
         text = tagged["text"] if tagged else line
+        if _TF_HEARTBEATS in text or self._heartbeats_reported:
+            self._heartbeats_reported = True
+            task = _TF_TASK.search(text.partition(_TF_HEARTBEATS)[2] or text)
+            if task and self.unhealthy_worker is None:
+                self.unhealthy_worker = int(task["task"])
         report = parse_rank_failure(text)
         if report:
             self.reports.append(report)
@@ -95,8 +107,12 @@ def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]
         code = _code_of(text, report.rank) or exit_code
         how = f"exit code {code}" if report.kind is FailureKind.RANK else \
             f"{report.kind.value} error"
-        return Outcome.failed(report.kind, f"rank {report.rank} on host {report.host} failed "
-                              f"({how}): {report.error}", code)
+        reason = f"rank {report.rank} on host {report.host} failed ({how}): {report.error}"
+        task = log.unhealthy_worker
+        if task is not None:
+            reason = (f"TensorFlow worker {task} (rank {task} on host {host_of_rank(task)}) "
+                      f"stopped sending heartbeats: frozen, or its host is gone; {reason}")
+        return Outcome.failed(report.kind, reason, code)
     lost = _LOST.search(text)
     if lost:
         return Outcome.failed(FailureKind.CLUSTER, (

@@ -104,6 +104,8 @@ class LaunchPlan:
             "world_size": cluster.world_size, "network_interface": cluster.interface,
             "instance_type": cluster.instance_type, "efa": mpirun.is_efa(cluster.instance_type),
             "mode": "script" if self.job.program else "builtin",
+            "backend": "multi_worker_mirrored_strategy" if self.job.tf_workers else "horovod",
+            "tf_workers": list(self.job.tf_workers),
             "program": self.job.program or None, "script_args": list(self.script_args),
             "ignored_hyperparameters": list(self.ignored_hyperparameters),
             "mpirun": list(self.mpirun),
@@ -129,9 +131,42 @@ def rank_command(python: str, module: str, *args: str) -> list[str]:
     return [python, "-P", "-m", "mpi4py", "-m", module, *args]
 
 
-def processes_per_host(launch: LaunchConfig, gpu_count: int) -> int:
-    """The hyperparameter when given, else one rank per GPU, else one."""
-    return launch.processes_per_host or max(gpu_count, 1)
+# The two stacks one Dockerfile builds (its STACK build argument), by what they synchronise with.
+HOROVOD, TENSORFLOW = "horovod", "tf"
+IMAGES = {HOROVOD: "the Horovod image (TensorFlow 2.15, Keras 2; the default build)",
+          TENSORFLOW: "the TensorFlow 2.21 image (docker build --build-arg STACK=tf)"}
+BACKENDS = {HOROVOD: "Horovod (sagemaker_mpi_enabled, the SDK's distribution={'mpi': ...})",
+            TENSORFLOW: "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_strategy_"
+                        "enabled, distribution={'multi_worker_mirrored_strategy': ...})"}
+
+
+def choose_backend(launch: LaunchConfig, stack: str) -> str:
+    """What the ranks synchronise with: what the job asks for, else the image's own stack;
+    ConfigError naming the image to use when this image cannot serve the request."""
+    if launch.mpi_enabled and launch.multi_worker_mirrored_strategy:
+        raise ConfigError("the job enables both Horovod (sagemaker_mpi_enabled) and "
+                          "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_"
+                          "strategy_enabled); set one distribution")
+    wanted = HOROVOD if launch.mpi_enabled else TENSORFLOW \
+        if launch.multi_worker_mirrored_strategy else stack
+    if wanted != stack:
+        raise ConfigError(f"the job asks for {BACKENDS[wanted]}, which this image ("
+                          f"{IMAGES[stack]}) does not have; run it on {IMAGES[wanted]}")
+    return wanted
+
+
+def processes_per_host(launch: LaunchConfig, gpu_count: int, backend: str = HOROVOD) -> int:
+    """The hyperparameter when given, else Horovod's one rank per GPU, else one
+    (MultiWorkerMirroredStrategy: one worker drives all of its host's GPUs)."""
+    return launch.processes_per_host or (max(gpu_count, 1) if backend == HOROVOD else 1)
+
+
+def tf_workers(cluster: ClusterPlan, port: int) -> tuple[str, ...]:
+    """Every TensorFlow worker's address in rank order: a host's first worker on `port`, its
+    next ones on the ports after it (several workers on one host need ports of their own).
+    A one-host job's workers meet on localhost: its name need not resolve."""
+    return tuple(f"{host if cluster.multi_host else 'localhost'}:{port + local}"
+                 for host in cluster.hosts for local in range(cluster.processes_per_host))
 
 
 def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
@@ -172,14 +207,21 @@ def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gp
     env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
            "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
            **rank_job.environment(),
-           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1", **STALL_ENV}
+           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
+           **({} if rank_job.tf_workers else STALL_ENV)}
     for name in ("PATH", "LD_LIBRARY_PATH"):
         if environ.get(name):
             env[name] = environ[name]
+    if rank_job.tf_workers:
+        # MultiWorkerMirroredStrategy's model.fit fails under Keras 3, so `tf.keras` means
+        # tf_keras (Keras 2) for these ranks unless the job's environment says otherwise;
+        # `import keras` is Keras 3 either way.
+        env["TF_USE_LEGACY_KERAS"] = environ.get("TF_USE_LEGACY_KERAS", "1")
     if gpu_count:
         env["NCCL_DEBUG"] = "WARN"
     else:
-        env.update(CPU_RANK_ENV)
+        env.update({name: value for name, value in CPU_RANK_ENV.items()
+                    if not (rank_job.tf_workers and name.startswith("HOROVOD_"))})
     return env
 
 
@@ -201,15 +243,17 @@ def _check_builtin_channels(job: JobConfig) -> None:
 
 
 def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,
-              runtime: Path, environ: Mapping[str, str]) -> LaunchPlan:
+              runtime: Path, environ: Mapping[str, str], stack: str = HOROVOD) -> LaunchPlan:
     """Check the rest of what the job says (its hyperparameters are `settings`, validated
-    once by job.validated) and decide exactly what will run."""
+    once by job.validated) and decide exactly what will run on this image's `stack`."""
     launch = settings.launch
     resources = job.resources
+    backend = choose_backend(launch, stack)
     cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,
-                          processes_per_host=processes_per_host(launch, gpu_count),
+                          processes_per_host=processes_per_host(launch, gpu_count, backend),
                           interface=resources.network_interface_name,
                           instance_type=resources.instance_type)
+    workers = tf_workers(cluster, launch.tf_worker_port) if backend == TENSORFLOW else ()
     args: tuple[str, ...] = ()
     if settings.program:
         script = job.paths.code_dir / settings.program
@@ -226,10 +270,15 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
                 f"script mode: program {settings.program!r} not found at {script}; put it "
                 f"under {job.paths.code_dir} or fix sagemaker_program")
         args = script_arguments(settings.user)
-        rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script)
+        rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script,
+                           tf_workers=workers)
         command = rank_command(python, "train.script_runner", str(script), *args)
     else:
         trainer = settings.trainer
+        if backend == TENSORFLOW:
+            raise ConfigError(f"the built-in trainer runs on {IMAGES[HOROVOD]} only, for now; "
+                              f"on {IMAGES[TENSORFLOW]} run your own script (sagemaker_program "
+                              "or the SDK's entry_point)")
         _check_builtin_channels(job)
         rank_job = RankJob(trainer=trainer, batches=plan_batches(
             world_size=cluster.world_size, global_batch_size=trainer.global_batch_size,

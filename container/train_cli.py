@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -55,7 +56,7 @@ from container.failure import Outcome, write_failure
 from container.init import become_init
 from job.validated import validate_hyperparameters
 from job.paths import DEFAULT_ML_ROOT, MlPaths
-from container.plan import LaunchPlan, make_plan
+from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_mpirun
@@ -89,6 +90,11 @@ def count_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
 
 
+def installed_stack() -> str:
+    """Which stack this image holds: Horovod's, or TensorFlow 2.21's (no Horovod)."""
+    return HOROVOD if importlib.util.find_spec("horovod") else TENSORFLOW
+
+
 def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     """The one top-level handler: every failure becomes the failure file and an exit code."""
     runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
@@ -98,7 +104,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         source_dir.prepare(job, settings.launch)
         job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
         plan = make_plan(job, settings, gpu_count=count_gpus(), python=sys.executable,
-                         runtime=runtime, environ=os.environ)
+                         runtime=runtime, environ=os.environ, stack=installed_stack())
         if dry_run:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
@@ -207,7 +213,7 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         print(f"launcher: all {len(cluster.hosts)} hosts ready", flush=True)
         print(mark_line(Mark.HOSTS_READY), flush=True)
-        outcome = supervise(plan)
+        outcome = coordinator.root_cause(supervise(plan))
     except TrainError as error:
         coordinator.finish(Outcome.failed(error.kind, str(error)))
         raise

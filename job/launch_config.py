@@ -59,6 +59,18 @@ class LaunchConfig:
     first_progress_timeout: float = hp(
         1800.0, "The same allowance before the first progress, for data counting, model "
         "building and compilation.", minimum=1.0, maximum=604800.0)
+    mpi_enabled: bool = hp(
+        False, "Ranks synchronise with Horovod over mpirun (the SDK's distribution={\"mpi\": "
+        "{\"enabled\": True}}); needs the Horovod image.", aliases=("sagemaker_mpi_enabled",))
+    multi_worker_mirrored_strategy: bool = hp(
+        False, "Ranks synchronise with TensorFlow's MultiWorkerMirroredStrategy, each told its "
+        "place in TF_CONFIG (the SDK's distribution={\"multi_worker_mirrored_strategy\": "
+        "{\"enabled\": True}}); needs the TensorFlow 2.21 image. Neither set: the image's own.",
+        aliases=("sagemaker_multi_worker_mirrored_strategy_enabled",))
+    tf_worker_port: int = hp(
+        8890, "MultiWorkerMirroredStrategy: the port of a host's TensorFlow worker (AWS's "
+        "TensorFlow containers use 8890); a host's further workers take the next ports.",
+        minimum=1, maximum=65000)
     sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
                         maximum=65535)
     coordinator_port: int = hp(

@@ -30,12 +30,15 @@ class RankJob:
     script_hyperparameters: dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig | None = None
     batches: BatchPlan | None = None
+    # MultiWorkerMirroredStrategy: every worker's host:port, rank r's at index r; () = Horovod
+    tf_workers: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps({
             "program": self.program, "script_hyperparameters": self.script_hyperparameters,
             "trainer": asdict(self.trainer) if self.trainer else None,
             "batches": asdict(self.batches) if self.batches else None,
+            "tf_workers": list(self.tf_workers),
         }, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -44,11 +47,17 @@ class RankJob:
             raw = json.loads(text)
             return cls(raw["program"], raw["script_hyperparameters"],
                        TrainerConfig(**raw["trainer"]) if raw["trainer"] else None,
-                       BatchPlan(**raw["batches"]) if raw["batches"] else None)
+                       BatchPlan(**raw["batches"]) if raw["batches"] else None,
+                       tuple(raw["tf_workers"]))
         except (ValueError, TypeError, KeyError) as error:
             raise ConfigError(f"{JOB_ENV} does not hold a job written by this image's launcher "
                               f"({type(error).__name__}: {error}); start ranks with `train`"
                               ) from None
+
+    def tf_config(self, rank: int) -> str:
+        """TF_CONFIG of rank `rank`'s worker, as AWS's TensorFlow containers write it."""
+        return json.dumps({"cluster": {"worker": list(self.tf_workers)}, "environment": "cloud",
+                           "task": {"type": "worker", "index": rank}})
 
     def environment(self) -> dict[str, str]:
         """The rank environment that carries the job; ConfigError when it cannot fit."""

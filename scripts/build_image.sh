@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the image with whichever engine scripts/engine.sh picks.
 #
+#   STACK=horovod|tf  default: horovod (TensorFlow 2.15 + Horovod); tf = TensorFlow 2.21 with
+#                     its MultiWorkerMirroredStrategy
 #   VARIANT=cpu|gpu   default: gpu when nvidia-smi sees a GPU, else cpu
-#   IMAGE=NAME:TAG    default: sagemaker-horovod:$VARIANT
+#   IMAGE=NAME:TAG    default: sagemaker-horovod:$VARIANT, sagemaker-horovod:tf-$VARIANT for tf
 #   BASE_IMAGE, BUILD_BASE_IMAGE
-#                     gpu: the Dockerfile's CUDA 12.2 / cuDNN 8.9 images.
-#                     cpu: the local debootstrap Debian base (made once by
+#                     horovod gpu: the Dockerfile's CUDA 12.2 / cuDNN 8.9 images.
+#                     horovod cpu, and tf in both variants (it compiles nothing; CUDA comes as
+#                     wheels): the local debootstrap Debian base (made once by
 #                     scripts/make_base_image.sh, since no registry can be pulled from here);
 #                     BASE_IMAGE=debian:bookworm-slim works where a registry is reachable.
 #   BUILD_ARGS        extra arguments for `ENGINE build`
@@ -23,20 +26,25 @@ case "$VARIANT" in
   cpu|gpu) ;;
   *) echo "build_image: VARIANT=$VARIANT is not supported. Choose between cpu, gpu." >&2; exit 2 ;;
 esac
-IMAGE=${IMAGE:-sagemaker-horovod:$VARIANT}
+STACK=${STACK:-horovod}
+case "$STACK" in
+  horovod) IMAGE=${IMAGE:-sagemaker-horovod:$VARIANT} ;;
+  tf) IMAGE=${IMAGE:-sagemaker-horovod:tf-$VARIANT} ;;
+  *) echo "build_image: STACK=$STACK is not supported. Choose between horovod, tf." >&2; exit 2 ;;
+esac
 
-args=(--build-arg "VARIANT=$VARIANT" -t "$IMAGE" -f Dockerfile)
+args=(--build-arg "VARIANT=$VARIANT" --build-arg "STACK=$STACK" -t "$IMAGE" -f Dockerfile)
 # Where scripts/setup.sh caches its Horovod wheel (its WHEELS; a test keeps the two equal), and
 # the folder of the build context the Dockerfile picks a prebuilt wheel up from.
 HOST_WHEELS=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sagemaker-horovod-byoc/wheels}
 CONTEXT_WHEELS=build/context-wheels
 rm -rf "$CONTEXT_WHEELS" && mkdir -p "$CONTEXT_WHEELS"
-if [ "$VARIANT" = cpu ] && [ -z "${BASE_IMAGE:-}" ]; then
+if { [ "$VARIANT" = cpu ] || [ "$STACK" = tf ]; } && [ -z "${BASE_IMAGE:-}" ]; then
   BASE_IMAGE=${LOCAL_BASE_IMAGE:-localhost/sagemaker-byoc-base:bookworm}
   scripts/make_base_image.sh "$BASE_IMAGE" >&2
   # The local base is this host's Debian 12 with Python 3.11 and Debian's OpenMPI, so the
   # Horovod wheel scripts/setup.sh compiled here (same pins) fits it: no second compile.
-  if compgen -G "$HOST_WHEELS/horovod-*-cp311-*.whl" >/dev/null; then
+  if [ "$STACK" = horovod ] && compgen -G "$HOST_WHEELS/horovod-*-cp311-*.whl" >/dev/null; then
     cp "$HOST_WHEELS"/horovod-*-cp311-*.whl "$CONTEXT_WHEELS/"
     args+=(--build-arg HOROVOD_PREBUILT="${HOROVOD_PREBUILT:-1}")
   fi
@@ -57,5 +65,5 @@ fi
 echo "build_image: $ENGINE build ${args[*]} ." >&2
 start=$(date +%s)
 "$ENGINE" build "${args[@]}" . >&2
-echo "build_image: built $IMAGE ($VARIANT) in $(( $(date +%s) - start )) s" >&2
+echo "build_image: built $IMAGE ($STACK, $VARIANT) in $(( $(date +%s) - start )) s" >&2
 echo "$IMAGE"

@@ -5,8 +5,11 @@
 #                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3 test
 #                    venvs)
 #   image build      the CPU image the container tests run (scripts/build_image.sh)
-#   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP)
-#   container tests  tests/image: the image, compose clusters, the fault matrix, push
+#   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP);
+#                    the TensorFlow 2.21 image (STACK=tf: downloads and installs, nothing to
+#                    compile) builds beside them, its log in build/tf-image.log
+#   tf image wait    what is left of that build when the unit tests end
+#   container tests  tests/image: both images, compose clusters, the fault matrices, push
 # PYTEST_ARGS adds arguments to both pytest runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,10 +45,19 @@ phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/setup.sh; built=$?
                           wait $base && wait $sdk && exit $built; }'
 phase "image build" bash scripts/build_image.sh
+mkdir -p build
+STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &
+tf_build=$!
 # Two pytest workers (pytest-xdist), each taking whole files: most tests wait on processes,
 # containers or deadlines as much as they compute, so two at a time fill the 2 cores better.
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile -m "not container" ${PYTEST_ARGS:-}
+wait_tf_build() {
+  wait "$tf_build" && return 0
+  tail -n 40 build/tf-image.log
+  return 1
+}
+phase "tf image wait" wait_tf_build
 # shellcheck disable=SC2086
 phase "container tests" env TEST_IMAGE_BUILT=1 \
   $PY -m pytest -q -n 2 --dist loadfile -m container tests/image ${PYTEST_ARGS:-}

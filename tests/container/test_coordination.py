@@ -314,3 +314,27 @@ def test_a_second_ready_on_the_same_connection_changes_nothing():
         time.sleep(0.5)  # the second READY has arrived by now
         assert leader.host_keys == {"127.0.0.2": "ssh-ed25519 first"}
     leader.finish(Outcome.success(), timeout=1)
+
+
+def test_a_worker_lost_while_the_job_runs_is_the_root_cause_of_its_failure():
+    """A worker host that vanishes mid-job (its connection closed, as when its container is
+    killed) is what the failure file names, not the rank error it caused on the leader."""
+    port = free_port()
+    leader = start_leader(port, workers=["127.0.0.2"])
+    with stranger(port, source="127.0.0.2") as worker:  # speaks the protocol by hand
+        worker.sendall(b"HELLO 127.0.0.2\n")
+        worker.settimeout(5)
+        assert worker.recv(1000).startswith(b"KEY ")
+        worker.sendall(b"READY hostkey\n")
+        leader.wait_ready(timeout=10)
+    rank_error = Outcome.failed(FailureKind.RANK, "rank 0 on host 127.0.0.1 failed (exit code "
+                                "1): UnavailableError: Connection reset by peer")
+    deadline = time.monotonic() + 10
+    while leader.root_cause(rank_error) == rank_error:  # the close reaches it at once
+        assert time.monotonic() < deadline, "the closed connection was never noticed"
+        time.sleep(0.05)
+    assert leader.root_cause(rank_error) == Outcome.failed(FailureKind.CLUSTER, (
+        "lost contact with host 127.0.0.2: it closed the connection (host killed, out of memory "
+        "or network down); the job on every host was stopped"))
+    assert leader.root_cause(Outcome.success()) == Outcome.success()
+    leader.finish(rank_error)

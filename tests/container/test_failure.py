@@ -109,3 +109,24 @@ def test_a_failure_file_on_a_full_or_broken_disk_is_reported_on_stderr(tmp_path,
     err = capsys.readouterr().err
     assert f"cannot write the failure file {paths.failure_file}" in err
     assert "the reason was: rank 1 on host algo-2 failed" in err
+
+
+def test_a_worker_tensorflow_reports_silent_is_named_with_its_host_first():
+    """The lines as TensorFlow 2.21's coordination service printed them on a real 2-host job
+    whose worker on algo-2 was frozen with SIGSTOP (tests/image/test_tf_stack.py)."""
+    log = log_of(
+        "[1,0]<stderr>:tensorflow.python.framework.errors_impl.UnavailableError: Collective ops "
+        "is aborted by: Error reported from /job:worker/task:1: The following tasks are "
+        "unhealthy (stopped sending heartbeats):\n"
+        "[1,0]<stderr>:/job:worker/replica:0/task:1\n"
+        "[1,0]<stderr>:The tasks have crashed. Check the task logs for an earlier error\n"
+        "[1,0]<stderr>:TRAIN-FAILURE rank=0 host=algo-1 kind=rank: UnavailableError: Graph "
+        "execution error: Detected at node div_no_nan/CollectiveReduceV2\n")
+    hosts = ["algo-1", "algo-2"]
+    outcome = summarize(log, 1, lambda rank: hosts[rank])
+    assert outcome.reason.startswith(
+        "TensorFlow worker 1 (rank 1 on host algo-2) stopped sending heartbeats: frozen, or its "
+        "host is gone; rank 0 on host algo-1 failed (exit code 1): UnavailableError: Graph")
+    assert outcome.exit_code == 1
+    assert not log_of("[1,0]<stderr>:ValueError: /job:worker/replica:0/task:1 is bad\n"
+                      ).unhealthy_worker  # a worker named in another context is not blamed

@@ -1,5 +1,6 @@
 """Golden tests: the whole mpirun argv for the shapes of job that matter."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,69 @@ def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_ho
                          gpu_count=0, python=PYTHON, runtime=Path("/run/job"),
                          environ=environ).mpirun
     assert "USER_SETTING" not in one_host  # local ranks inherit mpirun's environment
+
+
+def tf_plan(root, hyperparameters, hosts=("algo-1", "algo-2"), gpus=0):
+    paths = MlPaths(root)
+    paths.code_dir.mkdir(parents=True, exist_ok=True)
+    (paths.code_dir / "train.py").write_text("")
+    the_job = JobConfig(paths, ResourceConfig("algo-2", hosts),
+                        {"sagemaker_program": "train.py", **hyperparameters}, {})
+    return make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, ENV),
+                     gpu_count=gpus, python=PYTHON, runtime=Path("/run/job"), environ=ENV,
+                     stack="tf")
+
+
+def test_the_tf_image_runs_one_worker_per_host_with_the_tf_config_aws_writes(tmp_path):
+    for hyperparameters in ({}, {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}):
+        the_plan = tf_plan(tmp_path, hyperparameters, gpus=8)  # one worker drives all of a host's GPUs
+        assert the_plan.cluster.processes_per_host == 1
+        assert the_plan.job.tf_workers == ("algo-1:8890", "algo-2:8890")
+        assert the_plan.as_json()["backend"] == "multi_worker_mirrored_strategy"
+        assert json.loads(the_plan.job.tf_config(1)) == {
+            "cluster": {"worker": ["algo-1:8890", "algo-2:8890"]}, "environment": "cloud",
+            "task": {"type": "worker", "index": 1}}
+        assert "-np" in the_plan.mpirun and the_plan.mpirun[the_plan.mpirun.index("-np") + 1] == "2"
+        carried = next(a for a in the_plan.mpirun if a.startswith("TRAIN_JOB="))
+        assert RankJob.from_json(carried.split("=", 1)[1]).tf_workers == the_plan.job.tf_workers
+
+
+def test_several_workers_on_a_host_take_the_next_ports(tmp_path):
+    the_plan = tf_plan(tmp_path, {"processes_per_host": 2, "tf_worker_port": 9000})
+    assert the_plan.job.tf_workers == ("algo-1:9000", "algo-1:9001", "algo-2:9000", "algo-2:9001")
+
+
+@pytest.mark.parametrize("hyperparameters, stack, message", [
+    ({"sagemaker_mpi_enabled": "true"}, "tf",
+     "asks for Horovod (sagemaker_mpi_enabled, the SDK's distribution={'mpi': ...}), which this "
+     "image (the TensorFlow 2.21 image (docker build --build-arg STACK=tf)) does not have; run "
+     "it on the Horovod image"),
+    ({"sagemaker_multi_worker_mirrored_strategy_enabled": True}, "horovod",
+     "asks for MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_strategy_enabled, "
+     "distribution={'multi_worker_mirrored_strategy': ...}), which this image (the Horovod image"),
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_multi_worker_mirrored_strategy_enabled": "true"},
+     "tf", "set one distribution"),
+    ({"sagemaker_multi_worker_mirrored_strategy_enabled": "maybe"}, "tf",
+     "multi_worker_mirrored_strategy='maybe' is invalid: expected true or false"),
+])
+def test_a_distribution_the_image_cannot_serve_is_refused_naming_the_image(hyperparameters,
+                                                                           stack, message):
+    the_job = job(["algo-1"], "algo-1", {"sagemaker_program": "train.py", **hyperparameters})
+    with pytest.raises(ConfigError) as error:
+        make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, ENV), gpu_count=0,
+                  python=PYTHON, runtime=Path("/run/job"), environ=ENV, stack=stack)
+    assert message in str(error.value)
+
+
+def test_the_builtin_trainer_on_the_tf_image_is_refused_with_the_way_out():
+    the_job = job(["algo-1"], "algo-1")
+    with pytest.raises(ConfigError, match="runs on the Horovod image .* only, for now; on the "
+                                          "TensorFlow 2.21 image .* run your own script"):
+        make_plan(the_job, validate_hyperparameters({}, ENV), gpu_count=0, python=PYTHON,
+                  runtime=Path("/run/job"), environ=ENV, stack="tf")
+
+
+def test_the_horovod_image_keeps_its_plan_when_the_sdk_says_mpi():
+    the_job = job(["algo-1", "algo-2"], "algo-1", {"sagemaker_mpi_enabled": "true"})
+    assert plan(the_job).job == default_job(2) and plan(the_job).mpirun == argv(
+        job(["algo-1", "algo-2"], "algo-1"))

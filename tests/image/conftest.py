@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pytest
 import yaml
 
@@ -173,3 +174,32 @@ def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
             raise AssertionError(f"{host} exited before logging {text!r}:\n"
                                  f"{cluster.logs(host)[-3000:]}")
         time.sleep(1)
+
+
+def failure(spec, host: str) -> str:
+    path = local_cluster.host_paths(spec, host).failure_file
+    return path.read_text() if path.exists() else ""
+
+
+def logs(cluster) -> str:
+    return "\n".join(f"--- {host}\n{cluster.logs(host)[-3000:]}" for host in cluster.containers())
+
+
+def add_code(folder: Path):
+    def edit(document):
+        for service in document["services"].values():
+            service["volumes"].append(f"{folder}:/opt/ml/code:ro")
+    return edit
+
+
+@pytest.fixture(scope="session")
+def data(digits, tmp_path_factory) -> Path:
+    """The digits in two train files (one per host when sharded) and a validation channel."""
+    root = tmp_path_factory.mktemp("matrix-data")
+    rows = np.loadtxt(digits / "train" / "digits.csv", delimiter=",")
+    (root / "train").mkdir()
+    (root / "validation").mkdir()
+    for part, half in enumerate(np.array_split(rows, 2)):
+        np.savetxt(root / "train" / f"part-{part}.csv", half, delimiter=",", fmt="%g")
+    np.savetxt(root / "validation" / "digits.csv", rows[:200], delimiter=",", fmt="%g")
+    return root

@@ -13,10 +13,10 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import compose_cluster, local_cluster, unique, wait_for_log
+from conftest import (add_code, compose_cluster, failure, local_cluster, logs, unique,
+                      wait_for_log)
 from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
@@ -44,11 +44,6 @@ def spec_for(tmp_path: Path, image: str, data: Path, **hyperparameters) -> local
                                      hyperparameters=values, sharded=frozenset({"train"}))
 
 
-def failure(spec, host: str) -> str:
-    path = local_cluster.host_paths(spec, host).failure_file
-    return path.read_text() if path.exists() else ""
-
-
 def finish(engine, cluster, fault_at: float | None, fault: str) -> dict[str, int]:
     """Wait for every host to exit; record the table row; host -> exit code."""
     codes = cluster.wait_all_exited(NO_HANG if fault_at else 600)
@@ -57,23 +52,6 @@ def finish(engine, cluster, fault_at: float | None, fault: str) -> dict[str, int
     seconds = "-" if fault_at is None else f"{last_exit - fault_at:.1f}"
     ROWS.append((fault, f"{codes['algo-1']}, {codes['algo-2']}", seconds))
     return codes
-
-
-def logs(cluster) -> str:
-    return "\n".join(f"--- {host}\n{cluster.logs(host)[-3000:]}" for host in HOSTS)
-
-
-@pytest.fixture(scope="module")
-def data(digits, tmp_path_factory) -> Path:
-    """The digits in two train files (one per host when sharded) and a validation channel."""
-    root = tmp_path_factory.mktemp("matrix-data")
-    rows = np.loadtxt(digits / "train" / "digits.csv", delimiter=",")
-    (root / "train").mkdir()
-    (root / "validation").mkdir()
-    for part, half in enumerate(np.array_split(rows, 2)):
-        np.savetxt(root / "train" / f"part-{part}.csv", half, delimiter=",", fmt="%g")
-    np.savetxt(root / "validation" / "digits.csv", rows[:200], delimiter=",", fmt="%g")
-    return root
 
 
 @pytest.mark.parametrize("first, late", [("algo-1", "algo-2"), ("algo-2", "algo-1")],
@@ -214,13 +192,6 @@ if MPI.COMM_WORLD.rank == 1:
     raise ValueError("column 7 holds text where a number was expected")
 MPI.COMM_WORLD.barrier()
 """
-
-
-def add_code(folder: Path):
-    def edit(document):
-        for service in document["services"].values():
-            service["volumes"].append(f"{folder}:/opt/ml/code:ro")
-    return edit
 
 
 @pytest.mark.parametrize("error", ["ValueError in a user's script", "DataError in the trainer"])
