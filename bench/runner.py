@@ -1,8 +1,8 @@
 """`make bench`: run the training benchmarks, print one table, write it as JSON.
 
-    python -m bench [--tiny] [--only 1,2,3,4,5,6] [--results results]
+    python -m bench [--tiny] [--only 1,2,3,4,5,6,7,9] [--results results]
                             [--workdir build/bench] [--cluster auto|containers|loopback]
-                            [--image NAME] [--mpi-options "..."]
+                            [--image NAME] [--tf-image NAME] [--mpi-options "..."]
 
 Items (see each module's docstring for the method):
   1 allreduce bus bandwidth, Horovod vs MPI_Allreduce vs memory copy  (bench.allreduce)
@@ -13,6 +13,8 @@ Items (see each module's docstring for the method):
   5 input: channel reader and tf.data vs trainer consumption         (bench.input_pipeline)
   6 peak RSS per rank and of the serving worker                       (bench.memory)
   7 data at scale: RSS on a 4x channel, image input, TFRecord vs CSV  (bench.data_scale)
+  9 stacks: MWMS on TF 2.21 vs Horovod on TF 2.15, 2 ranks and 1      (bench.stacks; both
+    images, `make build build-tf`)
 
 Output: the table on stdout (progress and the exact commands on stderr), the full results
 (every repeat, machine, load average, date) in RESULTS/bench-<date>.json and
@@ -33,14 +35,15 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import allreduce, cluster, data_scale, memory, training
+from bench import allreduce, cluster, data_scale, memory, stacks, training
 from bench.launch import PYTHON, REPO, log, run
 from bench.results import (Measurement, Target, markdown_table, report, text_table,
                                    write_report)
 from bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE
 
-ITEMS = (1, 2, 3, 4, 5, 6, 7)
+ITEMS = (1, 2, 3, 4, 5, 6, 7, 9)
+TF_IMAGE = "sagemaker-horovod:tf-cpu"
 NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
               "the median of repeats and the load average at each run's start is in the JSON.")
 
@@ -54,6 +57,7 @@ class BenchConfig:
     cluster_mode: str
     image: str
     mpi_options: str
+    tf_image: str = TF_IMAGE
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.items) - set(ITEMS))
@@ -80,13 +84,16 @@ def parse_arguments(argv: list[str] | None) -> BenchConfig:
     parser.add_argument("--cluster", default="auto", help="auto, containers or loopback")
     parser.add_argument("--image", default=DEFAULT_IMAGE,
                         help="the image item 4 runs in containers (make build)")
+    parser.add_argument("--tf-image", default=TF_IMAGE,
+                        help="the TensorFlow 2.21 image item 9 runs (make build-tf)")
     parser.add_argument("--mpi-options", default="", help="extra mpirun options")
     args = parser.parse_args(argv)
     try:
         items = tuple(int(item) for item in args.only.split(",") if item.strip())
         return BenchConfig(tiny=args.tiny, items=items, results=args.results,
                            workdir=args.workdir.resolve(), cluster_mode=args.cluster,
-                           image=args.image, mpi_options=args.mpi_options)
+                           image=args.image, mpi_options=args.mpi_options,
+                           tf_image=args.tf_image)
     except ValueError as error:
         parser.error(str(error))
 
@@ -181,6 +188,8 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
     items.attempt(7, "data at scale", lambda: data_scale.measure(sizes, workdir / "data"))
     items.attempt(4, "cluster overhead", lambda: cluster.measure(
         sizes, workdir / "cluster", mode=config.cluster_mode, image=config.image))
+    items.attempt(9, "stacks", lambda: stacks.measure(
+        sizes, workdir / "stacks", horovod_image=config.image, tf_image=config.tf_image))
     return sorted(items.rows, key=lambda m: m.item), items.seconds
 
 

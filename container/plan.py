@@ -275,12 +275,8 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
         command = rank_command(python, "train.script_runner", str(script), *args)
     else:
         trainer = settings.trainer
-        if backend == TENSORFLOW:
-            raise ConfigError(f"the built-in trainer runs on {IMAGES[HOROVOD]} only, for now; "
-                              f"on {IMAGES[TENSORFLOW]} run your own script (sagemaker_program "
-                              "or the SDK's entry_point)")
         _check_builtin_channels(job)
-        rank_job = RankJob(trainer=trainer, batches=plan_batches(
+        rank_job = RankJob(trainer=trainer, tf_workers=workers, batches=plan_batches(
             world_size=cluster.world_size, global_batch_size=trainer.global_batch_size,
             per_device_batch_size=trainer.per_device_batch_size,
             max_device_batch_size=trainer.max_device_batch_size,

@@ -15,17 +15,20 @@ products alone (`make bench`, item 3).
 
 from __future__ import annotations
 
-import horovod.tensorflow as hvd
+from typing import Callable
+
 import tensorflow as tf
 
 
 class AccumulatingModel(tf.keras.Model):
     """Trains `inner` (which is what gets checkpointed and exported) with `steps` micro-batches
-    per optimizer step; evaluation and prediction are `inner`'s own."""
+    per optimizer step; evaluation and prediction are `inner`'s own. `mean_over_ranks` turns
+    this rank's mean gradients into the mean over every rank (train.sync)."""
 
-    def __init__(self, inner: tf.keras.Model, steps: int, compression=hvd.Compression.none):
+    def __init__(self, inner: tf.keras.Model, steps: int,
+                 mean_over_ranks: Callable[[list], list]):
         super().__init__(name=f"{inner.name}_accumulating")
-        self.inner, self.steps, self.compression = inner, steps, compression
+        self.inner, self.steps, self.mean_over_ranks = inner, steps, mean_over_ranks
 
     def call(self, inputs, training=None):
         return self.inner(inputs, training=training)
@@ -48,9 +51,7 @@ class AccumulatingModel(tf.keras.Model):
 
         _, sums = tf.while_loop(lambda index, _: index < self.steps, micro_step,
                                 (tf.constant(0), [tf.zeros_like(v) for v in variables]))
-        gradients = [total / self.steps for total in sums]
-        if hvd.size() > 1:  # distributed: the mean over ranks, in one grouped allreduce
-            gradients = hvd.grouped_allreduce(gradients, op=hvd.Average,
-                                              compression=self.compression)
+        # distributed: the mean over ranks (Horovod: one grouped allreduce)
+        gradients = self.mean_over_ranks([total / self.steps for total in sums])
         self.optimizer.apply_gradients(zip(gradients, variables))
         return {metric.name: metric.result() for metric in self.metrics}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 from mpi4py import MPI
 
@@ -49,7 +48,7 @@ class StepCount(tf.keras.callbacks.Callback):
 
 
 class EpochReport(tf.keras.callbacks.Callback):
-    """Rank 0 prints one METRICS line per epoch (after MetricAverageCallback averaged them);
+    """Rank 0 prints one METRICS line per epoch (averaged over ranks: train.sync);
     the epoch a resumed job continues reports the steps it ran after the resume."""
 
     def __init__(self, samples_per_step: int, learning_rate: Callable[[], float],
@@ -77,7 +76,7 @@ class EpochReport(tf.keras.callbacks.Callback):
                   "samples_per_sec": self.steps * self.samples_per_step / max(elapsed, 1e-9)}
         for key, value in values.items():
             self.history.setdefault(key, []).append(float(value))
-        if hvd.rank() == 0:
+        if MPI.COMM_WORLD.Get_rank() == 0:
             emit(metrics_line(epoch + 1, values))
 
 

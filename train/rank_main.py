@@ -6,6 +6,7 @@ It runs the trainer config and batch plan that the launcher validated (job.rank_
 from __future__ import annotations
 
 import gc
+import os
 
 from job.errors import ConfigError
 from train.rank import RankContext, run_rank
@@ -17,9 +18,11 @@ def main(context: RankContext) -> None:
     if job.trainer is None or job.batches is None:
         raise ConfigError(f"the launcher planned script mode ({job.program}), not the built-in "
                           "trainer; start ranks with `train`")
+    if job.tf_workers:  # MultiWorkerMirroredStrategy: this rank's worker and its peers
+        os.environ["TF_CONFIG"] = job.tf_config(context.rank)
     from train.trainer import train  # TensorFlow loads only after the stop handler is in place
 
-    train(context, job.trainer, job.batches)
+    train(context, job.trainer, job.batches, job.tf_workers)
     # Everything is written. Without this the interpreter's final garbage collection walks
     # TensorFlow's ~500k objects for about a second before the rank exits (measured by
     # `make bench` item 4, teardown); frozen objects are skipped. Only for the built-in trainer:

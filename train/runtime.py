@@ -1,15 +1,15 @@
-"""Horovod start-up shared by the built-in trainer and the helper API for users' scripts.
+"""Rank start-up shared by the built-in trainer and the helper API for users' scripts.
 
-One GPU per local rank when GPUs exist (memory growth on, so TensorFlow does not grab every
-GPU's memory); on CPU hosts the cores are split between the host's ranks, because each
-TensorFlow process would otherwise start a thread per core and the ranks would fight.
+Horovod: one GPU per local rank when GPUs exist (memory growth on, so TensorFlow does not grab
+every GPU's memory). On CPU hosts (either stack) the cores are split between the host's ranks,
+because each TensorFlow process would otherwise start a thread per core and the ranks would
+fight.
 """
 
 from __future__ import annotations
 
 import os
 
-import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 
@@ -27,6 +27,8 @@ def _skip_autograph_of_horovod() -> None:
 
 
 def start_horovod() -> None:
+    import horovod.tensorflow.keras as hvd
+
     hvd.init()
     _skip_autograph_of_horovod()
     gpus = tf.config.list_physical_devices("GPU")
@@ -35,9 +37,14 @@ def start_horovod() -> None:
         tf.config.set_visible_devices(gpu, "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
         return
-    if "TF_NUM_INTRAOP_THREADS" in os.environ:  # the operator's choice wins
+    share_cores(hvd.local_size())
+
+
+def share_cores(local_size: int) -> None:
+    """A CPU host's cores split between its `local_size` ranks, unless the operator chose."""
+    if tf.config.list_physical_devices("GPU") or "TF_NUM_INTRAOP_THREADS" in os.environ:
         return
     cores = len(os.sched_getaffinity(0))
-    threads = max(1, cores // hvd.local_size())
+    threads = max(1, cores // local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))

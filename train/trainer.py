@@ -1,24 +1,26 @@
-"""The built-in Horovod/Keras trainer: what every rank runs for a job without a user script.
+"""The built-in Keras trainer: what every rank runs for a job without a user script.
 
 A straight line: data -> model -> compile -> resume -> fit -> verify -> export. Lines that
-exist because training is distributed are marked `# distributed:`. Only rank 0 prints, writes
-checkpoints and exports; every rank computes.
+exist because training is distributed are marked `# distributed:`; how the ranks synchronise
+(Horovod, or TensorFlow's MultiWorkerMirroredStrategy on the TensorFlow 2.21 image) is
+train.sync's. Only rank 0 prints and keeps checkpoints and the model; every rank computes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import shutil
+import tempfile
+from pathlib import Path
 
-import horovod.tensorflow as hvd_tf
-import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
+from mpi4py import MPI
 
 from job.errors import PlatformError
 from job.sagemaker_config import Channel, read_channels
 from job.protocol import Mark, mark_line, stopped_line
-from train import distributed
 from train.accumulation import AccumulatingModel
 from job.batching import BatchPlan
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
@@ -34,15 +36,18 @@ from train.position import JobPosition, stream_start
 from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
 from train.sharding import assign, readers
+from train.sync import Horovod, Mirrored, synchronise
+
+Sync = Horovod | Mirrored
 
 
 def say(message: str) -> None:
-    if hvd.rank() == 0:
+    if MPI.COMM_WORLD.Get_rank() == 0:
         emit(f"trainer: {message}")
 
 
 def mark(moment: Mark) -> None:
-    if hvd.rank() == 0:
+    if MPI.COMM_WORLD.Get_rank() == 0:
         emit(mark_line(moment))
 
 
@@ -60,7 +65,7 @@ def open_share(context: RankContext, config: TrainerConfig, channel: Channel,
     return open_source(files, assign(files.files, reader, count), config)
 
 
-def count_train(source: Source, channel: Channel, context: RankContext
+def count_train(sync: Sync, source: Source, channel: Channel, context: RankContext
                 ) -> tuple[int, int, list, tuple[int, ...]]:
     """(samples on all ranks, samples in this rank's share, sorted classes, sample shape),
     from the counting pass.
@@ -68,8 +73,8 @@ def count_train(source: Source, channel: Channel, context: RankContext
     # distributed: every rank counts its own share; all ranks get the same totals.
     """
     count, labels = source.labels()
-    shares = hvd_tf.allgather_object((count, sorted(labels), tuple(source.shape)),
-                                     name="train_share")
+    shares = sync.allgather_object((count, sorted(labels), tuple(source.shape)),
+                                   name="train_share")
     empty = [rank for rank, share in enumerate(shares) if not share[0]]
     if empty:
         raise DataError(
@@ -88,12 +93,13 @@ def count_train(source: Source, channel: Channel, context: RankContext
     return sum(share[0] for share in shares), count, classes, shapes.pop()
 
 
-def feature_statistics(source: Source, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def feature_statistics(sync: Sync, source: Source, seed: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, variance) per feature over a bounded sample of every rank's share.
 
     # distributed: summed in rank order on every rank, so every rank gets identical numbers.
     """
-    parts = hvd_tf.allgather_object(moments(source, seed), name="stats")
+    parts = sync.allgather_object(moments(source, seed), name="stats")
     count = sum(p[0] for p in parts)
     mean = sum(p[1] for p in parts) / count
     variance = sum(p[2] for p in parts) / count - mean * mean
@@ -101,8 +107,9 @@ def feature_statistics(source: Source, seed: int) -> tuple[np.ndarray, np.ndarra
 
 
 def validation_source(context: RankContext, config: TrainerConfig, channel: Channel,
-                      classes: list) -> Source:
-    """This rank's share of the validation channel, or all of it when the share is empty."""
+                      classes: list) -> tuple[Source, int]:
+    """(this rank's share of the validation channel, or all of it when the share is empty;
+    its samples)."""
     source = open_share(context, config, channel)
     count, labels = source.labels()
     if not count:
@@ -112,28 +119,25 @@ def validation_source(context: RankContext, config: TrainerConfig, channel: Chan
     if unknown:
         raise DataError(f"channel {channel.name}: label {unknown[0]!r} never occurs in the "
                         f"train channel (classes are {classes})")
-    return source
+    return source, count
 
 
-def compile_for_training(model: tf.keras.Model, config: TrainerConfig, plan: BatchPlan,
-                         schedule: WarmupSchedule
+def compile_for_training(sync: Sync, model: tf.keras.Model, config: TrainerConfig,
+                         plan: BatchPlan, schedule: WarmupSchedule
                          ) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer]:
     """(what `fit` runs, its optimizer), compiled. # distributed: both average over ranks.
 
-    One micro-batch per step: Keras' own step with Horovod's DistributedOptimizer, whose
-    per-gradient allreduces start while backpropagation is still running (2 ranks: 10% faster
-    than one grouped allreduce after it). k micro-batches: AccumulatingModel (one step, one
-    grouped allreduce; 1.2x faster than Horovod's backward_passes_per_step, see its module).
+    One micro-batch per step: Keras' own step with the synchronising optimizer (train.sync).
+    k micro-batches: AccumulatingModel (one step, one mean over ranks; with Horovod 1.2x
+    faster than its backward_passes_per_step, see its module).
     """
     inner = tf.keras.optimizers.SGD(schedule, momentum=config.momentum) \
         if config.optimizer == "sgd" else tf.keras.optimizers.Adam(schedule)
     if plan.accumulation_steps == 1:
-        stepper, optimizer = model, distributed.optimizer(
-            inner, fp16_allreduce=config.fp16_allreduce)
+        stepper, optimizer = model, sync.optimizer(inner)
     else:
         stepper, optimizer = AccumulatingModel(
-            model, plan.accumulation_steps, compression=hvd_tf.Compression.fp16
-            if config.fp16_allreduce else hvd_tf.Compression.none), inner
+            model, plan.accumulation_steps, sync.gradient_mean()), inner
     stepper.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                     metrics=["accuracy"])
     return stepper, optimizer
@@ -146,18 +150,16 @@ def weights_digest(model: tf.keras.Model) -> str:
     return digest.hexdigest()
 
 
-def average_batch_statistics(model: tf.keras.Model) -> None:
+def average_batch_statistics(sync: Sync, model: tf.keras.Model) -> None:
     """# distributed: batch normalisation's moving statistics are not trained, each rank keeps
     its own from its own batches; the exported model gets their average over ranks."""
-    for variable in model.non_trainable_variables:
-        if variable.dtype.is_floating:
-            variable.assign(hvd_tf.allreduce(variable, op=hvd_tf.Average,
-                                             name=f"statistics.{variable.name}"))
+    sync.average_statistics([variable for variable in model.non_trainable_variables
+                             if variable.dtype.is_floating])
 
 
-def verify_identical_weights(model: tf.keras.Model) -> None:
+def verify_identical_weights(sync: Sync, model: tf.keras.Model) -> None:
     """# distributed: every rank must end with the same model, or averaging silently broke."""
-    digests = hvd_tf.allgather_object(weights_digest(model), name="weights_digest")
+    digests = sync.allgather_object(weights_digest(model), name="weights_digest")
     if len(set(digests)) > 1:
         raise RuntimeError(
             "model weights differ between ranks after training, so gradients were not "
@@ -165,53 +167,60 @@ def verify_identical_weights(model: tf.keras.Model) -> None:
             "TensorFlow/Horovod versions (Keras 3 breaks Horovod's DistributedOptimizer)")
 
 
-def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
-    """Train with the config and batch plan that the launcher validated (job.rank_job)."""
-    distributed.init()
-    if hvd.size() != plan.world_size:
-        raise PlatformError(f"Horovod sees {hvd.size()} ranks but the launcher planned "
+def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
+          tf_workers: tuple[str, ...] = ()) -> None:
+    """Train with the config and batch plan that the launcher validated (job.rank_job), over
+    MultiWorkerMirroredStrategy when it planned `tf_workers`, else Horovod."""
+    sync = synchronise(tf_workers, context.local_size, config.fp16_allreduce)
+    if sync.size != plan.world_size:
+        raise PlatformError(f"{sync.name} sees {sync.size} ranks but the launcher planned "
                             f"{plan.world_size}")
     tf.keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
     paths = context.paths
-    layout = hvd_tf.allgather_object(f"{context.rank}@{context.host}", name="layout")
-    say(f"{hvd.size()} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, "
-        f"Horovod over {'MPI' if hvd.mpi_enabled() else 'Gloo'}")
+    layout = sync.allgather_object(f"{context.rank}@{context.host}", name="layout")
+    say(f"{sync.size} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, {sync.name}")
     mark(Mark.RANKS_UP)
     say(plan.derivation())
 
     channels = read_channels(paths.input_data_config, paths.data_dir)
     train_channel = channels.get("train", Channel("train"))
     train_source = open_share(context, config, train_channel)
-    total, share, classes, shape = count_train(train_source, train_channel, context)
+    total, share, classes, shape = count_train(sync, train_source, train_channel, context)
     with naming_bad_records([train_source]):
-        mean, variance = feature_statistics(train_source, config.seed + context.rank)
+        mean, variance = feature_statistics(sync, train_source, config.seed + context.rank)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
     say(f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
         f"{steps_per_epoch} optimizer steps per epoch")
     mark(Mark.DATA_READ)
     lookup = label_lookup(classes)
 
-    validation, sources = None, [train_source]
+    validation, validation_steps, sources = None, None, [train_source]
     if "validation" in channels or paths.channel("validation").is_dir():
-        source = validation_source(context, config, channels.get(
+        source, count = validation_source(context, config, channels.get(
             "validation", Channel("validation")), classes)
-        validation = evaluation_input(source, lookup, plan.micro_batch)
+        validation, validation_steps = sync.evaluation(
+            evaluation_input(source, lookup, plan.micro_batch), count, plan.micro_batch)
         sources.append(source)
 
     if use_mixed_precision(config.model):
         say("mixed precision: float16 compute, float32 variables")
-    model = BUILDERS[config.model](config, shape, len(classes), mean, variance)
-    if paths.channel("weights").is_dir():
-        load_initial_weights(model, initial_weights_file(paths.channel("weights")))
-    schedule = WarmupSchedule(plan.base_learning_rate, plan.learning_rate,
-                              round(config.warmup_epochs * steps_per_epoch))
-    stepper, optimizer = compile_for_training(model, config, plan, schedule)
-    optimizer.build(model.trainable_variables)
+
+    def build() -> tf.keras.Model:
+        return BUILDERS[config.model](config, shape, len(classes), mean, variance)
+
+    with sync.scope():
+        model = build()
+        if paths.channel("weights").is_dir():
+            load_initial_weights(model, initial_weights_file(paths.channel("weights")))
+        schedule = WarmupSchedule(plan.base_learning_rate, plan.learning_rate,
+                                  round(config.warmup_epochs * steps_per_epoch))
+        stepper, optimizer = compile_for_training(sync, model, config, plan, schedule)
+        optimizer.build(model.trainable_variables)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
     start, history = JobPosition(0, 0, 0), {}
-    if hvd.rank() == 0:
+    if sync.rank == 0:
         store.clean_torn()
         resumed = store.resume(checkpoint, lambda message: emit(f"trainer: {message}"))
         if resumed:
@@ -219,9 +228,9 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
             start = JobPosition.from_state(state, plan.global_batch, steps_per_epoch)
             history = state.get("history", {})
             emit(f"trainer: resumed from {folder} at {start.describe()}")
-    start = hvd_tf.broadcast_object(start, root_rank=0, name="start")
+    start = sync.broadcast_object(start, name="start")
     # distributed: every rank starts from rank 0's weights and optimizer state.
-    hvd_tf.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
+    sync.broadcast_variables(model.variables + optimizer.variables)
 
     steps = StepCount()
 
@@ -229,21 +238,23 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
         return start.after(steps.count, plan.global_batch, steps_per_epoch)
 
     def save(**state) -> None:
-        average_batch_statistics(model)  # so a resumed job goes on as if never stopped
-        if hvd.rank() == 0:
+        average_batch_statistics(sync, model)  # so a resumed job goes on as if never stopped
+        if sync.rank == 0:
             now = position()
             store.save(checkpoint, now.epochs_done, **now.counts(plan.global_batch),
                        history=report.history, **state)
+        elif sync.saves_on_every_rank:  # it must take part; only rank 0's copy is kept
+            scratch_write(checkpoint)
 
     stop = StopOnRequest(accumulation_steps=1)  # every batch is one optimizer step
     report = EpochReport(plan.global_batch, lambda: float(schedule(optimizer.iterations)),
                          history)
-    callbacks = [hvd.callbacks.MetricAverageCallback(),  # distributed: average epoch metrics
+    callbacks = [*sync.callbacks(),  # distributed: average epoch metrics
                  steps, stop, report,
                  Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
                  ReportProgress(first_step=start.epochs_done * steps_per_epoch
                                 + start.steps_in_epoch)]
-    if hvd.rank() == 0:
+    if sync.rank == 0:
         callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))
 
@@ -252,31 +263,33 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
         now = position()
         StopRequest.arm()
         say(f"training from {now.describe()} to the end of epoch {epochs}")
-        stepper.fit(training_input(train_source, lookup, plan.per_device_batch, config,
-                                   config.seed + context.rank,
-                                   augment=config.augment and len(shape) == 3,
-                                   start=stream_start(now.samples_done, plan.world_size, share)),
+        stepper.fit(sync.distribute(training_input(
+                        train_source, lookup, plan.per_device_batch, config,
+                        config.seed + context.rank, augment=config.augment and len(shape) == 3,
+                        start=stream_start(now.samples_done, plan.world_size, share))),
                     steps_per_epoch=steps, epochs=epochs, initial_epoch=now.epochs_done,
-                    validation_data=validation, callbacks=callbacks, verbose=0)
+                    validation_data=validation, validation_steps=validation_steps,
+                    callbacks=callbacks, verbose=0)
 
     with naming_bad_records(sources):
         if start.steps_in_epoch and start.epochs_done < config.epochs:
             fit(start.epochs_done + 1, steps_per_epoch - start.steps_in_epoch)  # its rest
         if not stop.stopped:
             fit(config.epochs, steps_per_epoch)
-    average_batch_statistics(model)
-    verify_identical_weights(model)
+    average_batch_statistics(sync, model)
+    verify_identical_weights(sync, model)
 
     if stop.stopped:
         save(interrupted=True)
         say(stopped_line(f"checkpoint saved in {paths.checkpoint_dir}; a restarted job "
                          f"resumes at {position().describe()}"))
         return
-    if hvd.rank() == 0:
+    exportable = sync.plain(model, build)
+    if sync.rank == 0:
         final = {k: v[-1] for k, v in report.history.items()} if report.history else {}
-        exported = export_model(model, paths.model_dir, classes=classes, info={
+        exported = export_model(exportable, paths.model_dir, classes=classes, info={
             "feature_count": int(np.prod(shape)), "model": config.model,
-            "epochs": config.epochs, "world_size": hvd.size(),
+            "epochs": config.epochs, "world_size": sync.size,
             "global_batch": plan.global_batch, "final_metrics": final,
             "tensorflow": tf.__version__})
         if report.history:
@@ -285,3 +298,12 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan) -> None:
                            if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
         emit(f"RESULT {summary} model={exported}")
         emit(mark_line(Mark.MODEL_EXPORTED))
+
+
+def scratch_write(checkpoint: tf.train.Checkpoint) -> None:
+    """A worker's part in a MultiWorkerMirroredStrategy save, written and thrown away."""
+    folder = Path(tempfile.mkdtemp(prefix="checkpoint-"))
+    try:
+        checkpoint.write(str(folder / "ckpt"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -239,12 +239,15 @@ def test_a_distribution_the_image_cannot_serve_is_refused_naming_the_image(hyper
     assert message in str(error.value)
 
 
-def test_the_builtin_trainer_on_the_tf_image_is_refused_with_the_way_out():
-    the_job = job(["algo-1"], "algo-1")
-    with pytest.raises(ConfigError, match="runs on the Horovod image .* only, for now; on the "
-                                          "TensorFlow 2.21 image .* run your own script"):
-        make_plan(the_job, validate_hyperparameters({}, ENV), gpu_count=0, python=PYTHON,
-                  runtime=Path("/run/job"), environ=ENV, stack="tf")
+def test_the_builtin_trainer_on_the_tf_image_gets_the_same_batch_plan_and_its_workers():
+    the_job = job(["algo-1", "algo-2"], "algo-1")
+    the_plan = make_plan(the_job, validate_hyperparameters({}, ENV), gpu_count=0, python=PYTHON,
+                         runtime=Path("/run/job"), environ=ENV, stack="tf")
+    assert the_plan.job.batches == default_job(2).batches
+    assert the_plan.job.tf_workers == ("algo-1:8890", "algo-2:8890")
+    assert the_plan.mpirun[-6:] == tuple(RANK)
+    assert "TF_USE_LEGACY_KERAS=1" in the_plan.mpirun
+    assert not any(a.startswith("HOROVOD_") for a in the_plan.mpirun)
 
 
 def test_the_horovod_image_keeps_its_plan_when_the_sdk_says_mpi():

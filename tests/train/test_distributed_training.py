@@ -102,11 +102,13 @@ import numpy as np
 import tensorflow as tf
 from train import distributed
 from job.batching import plan_batches
+from train.sync import Horovod
 from train.trainer import compile_for_training
 from job.trainer_config import TrainerConfig
 from train.schedule import WarmupSchedule
 
 distributed.init()
+sync = Horovod(fp16_allreduce=False)
 rng = np.random.default_rng(distributed.rank())
 x = rng.normal(size=(64, 8)).astype("float32")
 y = rng.integers(0, 3, size=64)
@@ -122,7 +124,7 @@ def trained(accumulation):
     assert plan.accumulation_steps == accumulation, plan
     config = TrainerConfig(optimizer="sgd", momentum=0.0)
     # what the trainer fits: Keras' step (k=1) or AccumulatingModel (k=4)
-    stepper, _ = compile_for_training(model, config, plan, WarmupSchedule(0.5, 0.5, 0))
+    stepper, _ = compile_for_training(sync, model, config, plan, WarmupSchedule(0.5, 0.5, 0))
     stepper.fit(x, y, batch_size=plan.per_device_batch, epochs=2, shuffle=False, verbose=0)
     return start, [w.numpy() for w in model.weights]
 
@@ -155,13 +157,15 @@ def test_diverged_weights_fail_loudly(make_script_job):
     root = make_script_job("diverge.py", {"processes_per_host": 2},
         "import tensorflow as tf\n"
         "from train import distributed\n"
+        "from train.sync import Horovod\n"
         "from train.trainer import verify_identical_weights\n"
         "distributed.init()\n"
+        "sync = Horovod(fp16_allreduce=False)\n"
         "model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1, kernel_initializer='ones')])\n"
-        "verify_identical_weights(model)\n"  # identical: passes
+        "verify_identical_weights(sync, model)\n"  # identical: passes
         "if distributed.rank() == 1:\n"
         "    model.layers[0].kernel.assign_add(tf.ones((2, 1)) * 1e-6)\n"
-        "verify_identical_weights(model)\n")
+        "verify_identical_weights(sync, model)\n")
     result = run_train(root)
     assert result.returncode == 1
     failure = failure_of(root)

@@ -1,0 +1,172 @@
+"""How the built-in trainer's ranks synchronise: Horovod, or TensorFlow's own
+MultiWorkerMirroredStrategy (MWMS). The trainer says what it needs; each class does it its way.
+
+Both stacks start their ranks with mpirun (container.plan), so small Python objects (counts,
+class lists, the resume position, weight digests) travel over MPI on either; what differs is
+the tensors:
+- Horovod averages gradients with its DistributedOptimizer (or one grouped allreduce when
+  micro-batches accumulate), broadcasts rank 0's variables, and averages epoch metrics and
+  batch-normalisation statistics with allreduces;
+- MWMS mirrors every variable on every worker: its optimizer sums the replicas' gradients of a
+  loss Keras already divided by the replica count, its metrics and batch-normalisation
+  statistics are averaged over the workers whenever they are read, and every worker must take
+  part in each read of them, so every worker saves checkpoints and the model (only the chief's
+  copy is kept). Keras 3 cannot train under MWMS (FACTS: PerReplica conversion error), so this
+  runs on tf_keras: the launcher sets TF_USE_LEGACY_KERAS=1 for these ranks.
+Only the Horovod class imports Horovod: the TensorFlow 2.21 image has none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import tensorflow as tf
+from mpi4py import MPI
+
+Gradients = list
+
+
+class Horovod:
+    name = "Horovod"
+    saves_on_every_rank = False
+
+    def __init__(self, fp16_allreduce: bool):
+        from train.runtime import start_horovod
+
+        start_horovod()
+        import horovod.tensorflow as hvd
+
+        self.hvd = hvd
+        self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def scope(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def allgather_object(self, value: Any, name: str) -> list:
+        return self.hvd.allgather_object(value, name=name)
+
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        return self.hvd.broadcast_object(value, root_rank=0, name=name)
+
+    def broadcast_variables(self, variables: list[tf.Variable]) -> None:
+        self.hvd.broadcast_variables(variables, root_rank=0)
+
+    def average_statistics(self, variables: list[tf.Variable]) -> None:
+        for variable in variables:
+            variable.assign(self.hvd.allreduce(variable, op=self.hvd.Average,
+                                               name=f"statistics.{variable.name}"))
+
+    def optimizer(self, inner: tf.keras.optimizers.Optimizer) -> tf.keras.optimizers.Optimizer:
+        """Per-gradient allreduces that start while backpropagation is still running (2 ranks:
+        10% faster than one grouped allreduce after it)."""
+        from train.distributed import optimizer
+
+        return optimizer(inner, fp16_allreduce=self.compression is self.hvd.Compression.fp16)
+
+    def gradient_mean(self) -> Callable[[Gradients], Gradients]:
+        """The mean over ranks of one step's summed micro-batch gradients, in one allreduce."""
+        hvd, compression = self.hvd, self.compression
+        if self.size == 1:
+            return lambda gradients: gradients
+        return lambda gradients: hvd.grouped_allreduce(gradients, op=hvd.Average,
+                                                        compression=compression)
+
+    def callbacks(self) -> list[tf.keras.callbacks.Callback]:
+        import horovod.tensorflow.keras as hvd_keras
+
+        return [hvd_keras.callbacks.MetricAverageCallback()]  # average epoch metrics
+
+    def distribute(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset
+
+    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
+                   ) -> tuple[tf.data.Dataset, int | None]:
+        """(validation data, steps): each rank its whole share, however many batches."""
+        return dataset, None
+
+    def plain(self, model: tf.keras.Model, builder: Callable[[], tf.keras.Model]
+              ) -> tf.keras.Model:
+        return model
+
+
+class Mirrored:
+    name = "MultiWorkerMirroredStrategy"
+    saves_on_every_rank = True
+
+    def __init__(self, local_size: int):
+        from train.runtime import share_cores
+
+        share_cores(local_size)
+        # TF_CONFIG is already set (train.rank_main, from the launcher's plan).
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def scope(self) -> ContextManager:
+        return self.strategy.scope()
+
+    def allgather_object(self, value: Any, name: str) -> list:
+        return self.comm.allgather(value)
+
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        return self.comm.bcast(value, root=0)
+
+    def broadcast_variables(self, variables: list[tf.Variable]) -> None:
+        """Rank 0's own copy of every variable, to every worker's every replica (a plain read
+        of a worker-averaged variable would mix in the others' values)."""
+        values = self.comm.bcast([local_value(v) for v in variables] if self.rank == 0
+                                 else None, root=0)
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    def average_statistics(self, variables: list[tf.Variable]) -> None:
+        """Nothing to do: MWMS keeps them per worker and averages them on every read."""
+
+    def optimizer(self, inner: tf.keras.optimizers.Optimizer) -> tf.keras.optimizers.Optimizer:
+        return inner  # its apply_gradients sums over the replicas
+
+    def gradient_mean(self) -> Callable[[Gradients], Gradients]:
+        return lambda gradients: gradients  # apply_gradients sums a loss already divided
+
+    def callbacks(self) -> list[tf.keras.callbacks.Callback]:
+        return []  # metrics are averaged over the workers when Keras reads them
+
+    def distribute(self, dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset:
+        """This worker's own batches, as they are: the trainer shards the data itself, so
+        TensorFlow must neither shard nor re-batch it."""
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = \
+            tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
+        return self.strategy.distribute_datasets_from_function(lambda _: dataset)
+
+    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
+                   ) -> tuple[tf.distribute.DistributedDataset, int]:
+        """(validation data, steps): every worker must run the same number of steps, so a
+        worker whose share has fewer batches than the largest share's goes round its own share
+        again for the difference (shares differ by a file at most; these few samples count
+        twice in the validation metrics)."""
+        steps = max(-(-count // batch) for count in self.comm.allgather(samples))
+        return self.distribute(dataset.repeat().take(steps)), steps
+
+    def plain(self, model: tf.keras.Model, builder: Callable[[], tf.keras.Model]
+              ) -> tf.keras.Model:
+        """The trained model outside the strategy (for the export every worker joins): a new
+        model from `builder` with the averaged weights, read by every worker together."""
+        weights = model.get_weights()
+        copy = builder()
+        copy.set_weights(weights)
+        return copy
+
+
+def local_value(variable: tf.Variable) -> np.ndarray:
+    """This worker's first replica's value of a variable, without a cross-worker read."""
+    return getattr(variable, "values", (variable,))[0].numpy()
+
+
+def synchronise(tf_workers: tuple[str, ...], local_size: int,
+                fp16_allreduce: bool) -> Horovod | Mirrored:
+    return Mirrored(local_size) if tf_workers else Horovod(fp16_allreduce)
