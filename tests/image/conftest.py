@@ -10,6 +10,7 @@ the session removes anything a crashed test left.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -183,6 +184,17 @@ def failure(spec, host: str) -> str:
 
 def logs(cluster) -> str:
     return "\n".join(f"--- {host}\n{cluster.logs(host)[-3000:]}" for host in cluster.containers())
+
+
+def tear_checkpoint(spec, name: str, epochs: int) -> None:
+    """The leader's checkpoint `name` with a torn variables file (as a partial S3 sync leaves
+    it), and every host's job set to run `epochs` epochs when it starts again."""
+    checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
+    variables = next((checkpoints / name).glob("ckpt.data-*"))
+    variables.write_bytes(variables.read_bytes()[:64])
+    for host in spec.host_names:
+        config = local_cluster.host_paths(spec, host).hyperparameters
+        config.write_text(json.dumps({**json.loads(config.read_text()), "epochs": str(epochs)}))
 
 
 def add_code(folder: Path):

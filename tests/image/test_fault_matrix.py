@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (add_code, compose_cluster, failure, local_cluster, logs, unique,
-                      wait_for_log)
+from conftest import (add_code, compose_cluster, failure, local_cluster, logs, tear_checkpoint,
+                      unique, wait_for_log)
 from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
@@ -173,12 +173,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped(engine, image, data, tmp_path):
         cluster.compose("up", "-d", capture=True, timeout=300)
         codes = finish(engine, cluster, None, "(first run: 2 epochs, 2 checkpoints)")
         assert codes == {"algo-1": 0, "algo-2": 0}, logs(cluster)
-        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-        variables = next((checkpoints / "epoch-000002").glob("ckpt.data-*"))
-        variables.write_bytes(variables.read_bytes()[:64])  # a torn copy, as a partial sync
-        for host in HOSTS:
-            config = local_cluster.host_paths(spec, host).hyperparameters
-            config.write_text(json.dumps({**json.loads(config.read_text()), "epochs": "3"}))
+        tear_checkpoint(spec, "epoch-000002", epochs=3)
         codes, leader = rerun(engine, cluster, spec, "newest checkpoint truncated, job restarted")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
     assert "skipped checkpoint /opt/ml/checkpoints/epoch-000002" in leader, leader[-3000:]

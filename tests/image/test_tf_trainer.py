@@ -1,0 +1,116 @@
+"""The built-in trainer on the TensorFlow 2.21 image (STACK=tf), on real containers: the same
+features as on Horovod over MultiWorkerMirroredStrategy (accumulation, export and serve, exact
+resume, a corrupt checkpoint skipped), and `make bench` item 9 with both images.
+(Script mode and the fault cases: tests/image/test_tf_stack.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import (REPO, compose_cluster, http, local_cluster, logs, serving, tear_checkpoint,
+                      wait_for_log)
+from test_tf_stack import BUILTIN, HOSTS, NO_HANG, cluster_spec, tf_image  # noqa: F401
+
+pytestmark = pytest.mark.container
+
+
+def test_the_builtin_trainer_trains_on_two_hosts_and_serve_answers_its_model(engine, tf_image,
+                                                                            data, tmp_path):
+    """With a fixed global batch that needs 2 accumulated micro-batches per device."""
+    spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=4,
+                        global_batch_size=64, max_device_batch_size=16)
+    with compose_cluster(engine, spec, "mwms-builtin") as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(600)
+        leader = cluster.logs("algo-1")
+    assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    assert ("2 rank(s): 0@algo-1, 1@algo-2; TensorFlow 2.21.0, MultiWorkerMirroredStrategy"
+            in leader)  # and the trainer checked that both ended with the same weights
+    assert "global batch 64 = 2 device(s) x 2 accumulated micro-batch(es) x 16" in leader
+    model = local_cluster.host_paths(spec, "algo-1").model_dir
+    metadata = json.loads((model / "metadata.json").read_text())
+    assert metadata["world_size"] == 2 and metadata["final_metrics"]["val_accuracy"] > 0.9
+    assert metadata["tensorflow"] == "2.21.0"
+    assert not any(local_cluster.host_paths(spec, "algo-2").model_dir.iterdir())
+    rows = np.loadtxt(data / "validation" / "digits.csv", delimiter=",")[:50]
+    with serving(engine, tf_image, model) as url:
+        status, answer = http("POST", f"{url}/invocations",
+                              json.dumps({"instances": rows[:, 1:].tolist()}).encode(),
+                              {"Content-Type": "application/json"}, timeout=60)
+    assert status == 200, answer
+    predictions = json.loads(answer)["predictions"]
+    correct = sum(str(p["class"]) == str(int(label)) for p, label in zip(predictions, rows[:, 0]))
+    assert correct >= 40, predictions[:3]
+
+
+def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step(engine, tf_image, data,
+                                                                   tmp_path):
+    """SIGTERM to the leader: every worker takes part in the save, rank 0's copy is kept; the
+    restarted job restores it on rank 0, hands it to the other worker, and continues at the
+    step it stopped (per_device_batch_size 4: 180 steps an epoch, a stop lands mid-epoch)."""
+    spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=3,
+                        per_device_batch_size=4, dropout_rate=0)
+    with compose_cluster(engine, spec, "mwms-resume") as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "METRICS epoch=1 ", timeout=300)
+        engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
+        codes = cluster.wait_all_exited(NO_HANG)
+        stopped = cluster.logs("algo-1")
+        assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
+        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
+        newest = max(checkpoints.glob("epoch-*"))
+        state = json.loads((newest / "state.json").read_text())
+        assert state["interrupted"] is True, state
+        cluster.down()
+        for host in HOSTS:
+            local_cluster.host_paths(spec, host).failure_file.unlink(missing_ok=True)
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(600)
+        resumed = cluster.logs("algo-1")
+    assert codes == {"algo-1": 0, "algo-2": 0}, resumed[-3000:]
+    where = f"epoch {state['epochs_done'] + 1}" + (
+        f", step {state['epoch_samples'] // 8 + 1}" if state["epoch_samples"] else "")
+    assert f"resumed from /opt/ml/checkpoints/{newest.name} at {where}" in resumed, resumed[-3000:]
+    final = json.loads((max(checkpoints.glob("epoch-000003*")) / "state.json").read_text())
+    assert final["samples_done"] == 3 * 180 * 8, final
+
+
+def test_the_stacks_benchmark_runs_both_images(image, tf_image, tmp_path):
+    """`make bench` item 9 at its tiny size: the same job in both images, numbers well formed
+    (never compared with the target here: this machine is shared)."""
+    done = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--only", "9", "--image",
+                           image, "--tf-image", tf_image, "--results", str(tmp_path / "results"),
+                           "--workdir", str(tmp_path / "work")], cwd=REPO, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results" / "bench-tiny-latest.json").read_text())[
+        "measurements"]
+    assert [row["metric"] for row in rows] == [
+        "stacks: MWMS (TF 2.21) vs Horovod (TF 2.15), 2 ranks",
+        "stacks: Horovod scaling, 2 ranks vs 1", "stacks: MWMS scaling, 2 ranks vs 1"]
+    assert all(row["value"] > 0 and row["reference"] > 0 for row in rows), rows
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_on_mwms(engine, tf_image, data, tmp_path):
+    spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=2)
+    with compose_cluster(engine, spec, "mwms-corrupt") as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(600)
+        assert codes == {"algo-1": 0, "algo-2": 0}, logs(cluster)
+        tear_checkpoint(spec, "epoch-000002", epochs=3)
+        cluster.down()
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(600)
+        leader = cluster.logs("algo-1")
+    assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    assert "skipped checkpoint /opt/ml/checkpoints/epoch-000002" in leader, leader[-3000:]
+    assert "resumed from /opt/ml/checkpoints/epoch-000001 at epoch 2" in leader
+    assert "METRICS epoch=3 " in leader
+
+
+
