@@ -52,8 +52,9 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step(engine, tf_im
                                                                    tmp_path):
     """SIGTERM to the leader: every worker takes part in the save, rank 0's copy is kept; the
     restarted job restores it on rank 0, hands it to the other worker, and continues at the
-    step it stopped (per_device_batch_size 4: 180 steps an epoch, a stop lands mid-epoch)."""
-    spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=3,
+    step it stopped (per_device_batch_size 4: 180 steps an epoch, a stop lands mid-epoch; 10
+    epochs, so that the stop lands before the end however slowly the log is read)."""
+    spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=10,
                         per_device_batch_size=4, dropout_rate=0)
     with compose_cluster(engine, spec, "mwms-resume") as cluster:
         cluster.compose("up", "-d", capture=True, timeout=300)
@@ -65,7 +66,7 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step(engine, tf_im
         checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
         newest = max(checkpoints.glob("epoch-*"))
         state = json.loads((newest / "state.json").read_text())
-        assert state["interrupted"] is True, state
+        assert state.get("interrupted") is True, (state, stopped[-4000:])
         cluster.down()
         for host in HOSTS:
             local_cluster.host_paths(spec, host).failure_file.unlink(missing_ok=True)
@@ -76,8 +77,8 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step(engine, tf_im
     where = f"epoch {state['epochs_done'] + 1}" + (
         f", step {state['epoch_samples'] // 8 + 1}" if state["epoch_samples"] else "")
     assert f"resumed from /opt/ml/checkpoints/{newest.name} at {where}" in resumed, resumed[-3000:]
-    final = json.loads((max(checkpoints.glob("epoch-000003*")) / "state.json").read_text())
-    assert final["samples_done"] == 3 * 180 * 8, final
+    final = json.loads((max(checkpoints.glob("epoch-000010*")) / "state.json").read_text())
+    assert final["samples_done"] == 10 * 180 * 8, final
 
 
 def test_the_stacks_benchmark_runs_both_images(image, tf_image, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 from tests.conftest import TRAIN, run_train
 
 
-EXACT = {"epochs": 3, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
+EXACT = {"epochs": 4, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
 
 
 def newest_state(root) -> dict:
@@ -48,7 +48,8 @@ def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
 
 def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make_job):
     """SIGTERM at three moments (in an epoch, in the rest of an epoch a resumed job runs, and in
-    the last epoch), four attempts: the same steps and the same final weights as one run."""
+    a later epoch), four attempts: the same steps and the same final weights as one run. Each
+    stop comes with epochs still to run, so that a slow machine cannot finish first."""
     whole = make_job(EXACT, name="whole")
     result = run_train(whole)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -80,7 +81,7 @@ def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make
 def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
     """With global_batch_size fixed, 2 ranks stopped mid-epoch continue on 1 at the same step;
     the samples count goes on from where the stopped job left it."""
-    hyperparameters = {**EXACT, "epochs": 2, "global_batch_size": 8}
+    hyperparameters = {**EXACT, "epochs": 3, "global_batch_size": 8}
     root = make_job(hyperparameters)
     state, _ = stop_once(root, "METRICS epoch=1 ", 0.5)
     step = state["epoch_samples"] // 8 + 1
@@ -92,4 +93,4 @@ def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
     where = f"epoch 2, step {step}" if state["epoch_samples"] else "epoch 2"
     assert f"at {where}" in result.stdout and f"training from {where}" in result.stdout
     final = newest_state(root)
-    assert final["epochs_done"] == 2 and final["samples_done"] == 2 * 180 * 8, final
+    assert final["epochs_done"] == 3 and final["samples_done"] == 3 * 180 * 8, final
