@@ -16,7 +16,7 @@
 # from a plain Debian base: scripts/build_image.sh does that (`make build-tf`, `make build-tf-gpu`).
 #
 # Stages: `wheels` downloads every wheel of the locked stack and compiles Horovod into a wheel;
-# it depends only on requirements.txt and constraints.txt, so code changes never recompile
+# it depends only on the requirements and lock files, so code changes never recompile
 # Horovod. `runtime` installs those wheels offline (bind-mounted, so the wheelhouse is not
 # copied into a layer), then the project itself last.
 #

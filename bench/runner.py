@@ -40,10 +40,9 @@ from bench.launch import PYTHON, REPO, log, run
 from bench.results import (Measurement, Target, markdown_table, report, text_table,
                                    write_report)
 from bench.sizes import FULL, TINY, Sizes
-from scripts.local_cluster import DEFAULT_IMAGE
+from scripts.local_cluster import DEFAULT_IMAGE, TF_IMAGE
 
 ITEMS = (1, 2, 3, 4, 5, 6, 7, 9)
-TF_IMAGE = "sagemaker-horovod:tf-cpu"
 NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
               "the median of repeats and the load average at each run's start is in the JSON.")
 

@@ -38,7 +38,7 @@ _SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>
 _LOST = re.compile(r"Remote daemon: \[\[\d+,\d+\],\d+\] on node (?P<host>\S+)")
 # TensorFlow's coordination service (MultiWorkerMirroredStrategy) lists a frozen or vanished
 # worker after this phrase, on the same line or the next, by its task index, which is its rank
-# (job.rank_job.RankJob.tf_config).
+# (job.rank_job.RankJob.worker_environment).
 _TF_HEARTBEATS = "stopped sending heartbeats"
 _TF_TASK = re.compile(r"/job:worker/replica:\d+/task:(?P<task>\d+)")
 _SSH = re.compile(r"ssh: (?:connect to host (?P<host>\S+)|Could not resolve hostname "

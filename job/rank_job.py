@@ -54,10 +54,14 @@ class RankJob:
                               f"({type(error).__name__}: {error}); start ranks with `train`"
                               ) from None
 
-    def tf_config(self, rank: int) -> str:
-        """TF_CONFIG of rank `rank`'s worker, as AWS's TensorFlow containers write it."""
-        return json.dumps({"cluster": {"worker": list(self.tf_workers)}, "environment": "cloud",
-                           "task": {"type": "worker", "index": rank}})
+    def worker_environment(self, rank: int) -> dict[str, str]:
+        """What rank `rank` adds to its environment: under MultiWorkerMirroredStrategy its
+        worker's TF_CONFIG, as AWS's TensorFlow containers write it; nothing for Horovod."""
+        if not self.tf_workers:
+            return {}
+        return {"TF_CONFIG": json.dumps({
+            "cluster": {"worker": list(self.tf_workers)}, "environment": "cloud",
+            "task": {"type": "worker", "index": rank}})}
 
     def environment(self) -> dict[str, str]:
         """The rank environment that carries the job; ConfigError when it cannot fit."""

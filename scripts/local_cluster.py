@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 NETWORK = "sagemaker-local"
 IMAGE_PATHS = MlPaths()  # where SageMaker puts things inside the container
 DEFAULT_IMAGE = "sagemaker-horovod:cpu"
+TF_IMAGE = "sagemaker-horovod:tf-cpu"  # the TensorFlow 2.21 stack's CPU image (make build-tf)
 DEFAULT_WORKDIR = REPO / "build" / "local-cluster"
 CONTENT_TYPES = {".csv": "text/csv", ".json": "application/json",
                  ".jsonl": "application/jsonlines", ".npy": "application/x-npy",

@@ -78,8 +78,7 @@ def main(context: RankContext) -> None:
     script, arguments = Path(sys.argv[1]).resolve(), sys.argv[2:]
     job = read_rank_job()
     os.environ.update(sm_environment(context, job))
-    if job.tf_workers:  # MultiWorkerMirroredStrategy: this rank's worker and its peers
-        os.environ["TF_CONFIG"] = job.tf_config(context.rank)
+    os.environ.update(job.worker_environment(context.rank))
     # AWS's containers run the script from the code folder: files shipped beside it open by
     # their relative names, and relative outputs land there, not among the image's code.
     os.chdir(context.paths.code_dir)

@@ -38,7 +38,7 @@ class Horovod:
         start_horovod()
         import horovod.tensorflow as hvd
 
-        self.hvd = hvd
+        self.hvd, self.fp16_allreduce = hvd, fp16_allreduce
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.rank, self.size = hvd.rank(), hvd.size()
 
@@ -64,7 +64,7 @@ class Horovod:
         10% faster than one grouped allreduce after it)."""
         from train.distributed import optimizer
 
-        return optimizer(inner, fp16_allreduce=self.compression is self.hvd.Compression.fp16)
+        return optimizer(inner, fp16_allreduce=self.fp16_allreduce)
 
     def gradient_mean(self) -> Callable[[Gradients], Gradients]:
         """The mean over ranks of one step's summed micro-batch gradients, in one allreduce."""
@@ -167,6 +167,8 @@ def local_value(variable: tf.Variable) -> np.ndarray:
     return getattr(variable, "values", (variable,))[0].numpy()
 
 
-def synchronise(tf_workers: tuple[str, ...], local_size: int,
-                fp16_allreduce: bool) -> Horovod | Mirrored:
+Sync = Horovod | Mirrored
+
+
+def synchronise(tf_workers: tuple[str, ...], local_size: int, fp16_allreduce: bool) -> Sync:
     return Mirrored(local_size) if tf_workers else Horovod(fp16_allreduce)

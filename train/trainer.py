@@ -36,9 +36,7 @@ from train.position import JobPosition, stream_start
 from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
 from train.sharding import assign, readers
-from train.sync import Horovod, Mirrored, synchronise
-
-Sync = Horovod | Mirrored
+from train.sync import Sync, synchronise
 
 
 def say(message: str) -> None:
@@ -237,14 +235,18 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
     def position() -> JobPosition:
         return start.after(steps.count, plan.global_batch, steps_per_epoch)
 
-    def save(**state) -> None:
-        average_batch_statistics(sync, model)  # so a resumed job goes on as if never stopped
+    def write(**state) -> None:
+        """The checkpoint of where the job stands (batch statistics already averaged)."""
         if sync.rank == 0:
             now = position()
             store.save(checkpoint, now.epochs_done, **now.counts(plan.global_batch),
                        history=report.history, **state)
         elif sync.saves_on_every_rank:  # it must take part; only rank 0's copy is kept
             scratch_write(checkpoint)
+
+    def save() -> None:
+        average_batch_statistics(sync, model)  # so a resumed job goes on as if never stopped
+        write()
 
     stop = StopOnRequest(accumulation_steps=1)  # every batch is one optimizer step
     report = EpochReport(plan.global_batch, lambda: float(schedule(optimizer.iterations)),
@@ -258,8 +260,9 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))
 
-    def fit(epochs: int, steps: int) -> None:
-        """Train from where the job stands to the end of epoch `epochs`, `steps` per epoch."""
+    def fit(epochs: int, steps_each: int) -> None:
+        """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps
+        per epoch."""
         now = position()
         StopRequest.arm()
         say(f"training from {now.describe()} to the end of epoch {epochs}")
@@ -267,7 +270,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
                         train_source, lookup, plan.per_device_batch, config,
                         config.seed + context.rank, augment=config.augment and len(shape) == 3,
                         start=stream_start(now.samples_done, plan.world_size, share))),
-                    steps_per_epoch=steps, epochs=epochs, initial_epoch=now.epochs_done,
+                    steps_per_epoch=steps_each, epochs=epochs, initial_epoch=now.epochs_done,
                     validation_data=validation, validation_steps=validation_steps,
                     callbacks=callbacks, verbose=0)
 
@@ -280,7 +283,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
     verify_identical_weights(sync, model)
 
     if stop.stopped:
-        save(interrupted=True)
+        write(interrupted=True)  # the statistics were averaged just above
         say(stopped_line(f"checkpoint saved in {paths.checkpoint_dir}; a restarted job "
                          f"resumes at {position().describe()}"))
         return

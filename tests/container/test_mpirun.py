@@ -204,7 +204,7 @@ def test_the_tf_image_runs_one_worker_per_host_with_the_tf_config_aws_writes(tmp
         assert the_plan.cluster.processes_per_host == 1
         assert the_plan.job.tf_workers == ("algo-1:8890", "algo-2:8890")
         assert the_plan.as_json()["backend"] == "multi_worker_mirrored_strategy"
-        assert json.loads(the_plan.job.tf_config(1)) == {
+        assert json.loads(the_plan.job.worker_environment(1)["TF_CONFIG"]) == {
             "cluster": {"worker": ["algo-1:8890", "algo-2:8890"]}, "environment": "cloud",
             "task": {"type": "worker", "index": 1}}
         assert "-np" in the_plan.mpirun and the_plan.mpirun[the_plan.mpirun.index("-np") + 1] == "2"

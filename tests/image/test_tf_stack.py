@@ -23,7 +23,7 @@ from bench.cluster import container_times
 
 pytestmark = pytest.mark.container
 
-TF_IMAGE = os.environ.get("TEST_TF_IMAGE", "sagemaker-horovod:tf-cpu")
+TF_IMAGE = os.environ.get("TEST_TF_IMAGE", local_cluster.TF_IMAGE)
 SCRIPT = Path(__file__).parents[2] / "train" / "examples" / "aws_mwms_script.py"
 LAUNCH = {"heartbeat_timeout": 3, "host_timeout": 120, "leader_timeout": 120, "stop_grace": 30,
           "sagemaker_multi_worker_mirrored_strategy_enabled": "true"}
