@@ -142,10 +142,13 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# The lock is copied in, not read from the wheels bind mount below: podman/buildah leave a
-# mount's content out of the layer's cache key, so a changed lock would reuse old packages.
+# The lock and the stage's requirement list are copied in, not read from the wheels bind mount
+# below: podman/buildah leave a mount's content out of the layer's cache key, so a changed lock,
+# requirement or variant (the CPU and GPU builds of the tf stack share their base) would reuse
+# the packages installed for the other.
 ARG STACK
 COPY constraints.txt constraints-tf.txt /opt/lock/
+COPY --from=wheels /wheels/image-requirements.txt /opt/lock/
 # The locked stack (and Horovod on its stack), offline from the wheelhouse of the build stage
 # (pip/setuptools bounded as above, the rest pinned by the lock, which DL3013 cannot see).
 # hadolint ignore=DL3013
@@ -159,7 +162,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
  && "${PYTHON}" -m venv /opt/venv \
  && pip install --no-cache-dir --no-index --find-links /wheels "pip<25" "setuptools<81" wheel \
  && pip install --no-cache-dir --no-index --find-links /wheels -c "${lock}" \
-      -r /wheels/image-requirements.txt ${extra:+"$extra"} \
+      -r /opt/lock/image-requirements.txt ${extra:+"$extra"} \
  && python -c "${check}; import mpi4py.MPI, tensorflow, sagemaker_training.environment"
 
 COPY scripts/docker-entrypoint.sh /usr/local/bin/docker-entrypoint

@@ -48,6 +48,17 @@ def tf_image(engine) -> str:
     return TF_IMAGE
 
 
+def test_the_cpu_image_has_tensorflow_without_cuda_wheels(engine, tf_image):
+    """The CPU and GPU builds of this stack start from the same base, so only the install
+    layer's cache key keeps the GPU's CUDA wheels (4.5 GB) out of the CPU image."""
+    result = engine.run("run", "--rm", "--network", "none", tf_image, "pip", "list",
+                        "--format=freeze", check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    packages = dict(line.split("==", 1) for line in result.stdout.splitlines() if "==" in line)
+    assert packages.get("tensorflow") == "2.21.0", packages
+    assert not [name for name in packages if name.startswith("nvidia-")], packages
+
+
 @pytest.fixture
 def code(tmp_path) -> Path:
     folder = tmp_path / "code"
