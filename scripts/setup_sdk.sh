@@ -25,6 +25,7 @@ if [ -f "$VENV/.setup-stamp" ] && [ "$(cat "$VENV/.setup-stamp")" = "$stamp" ]; 
 fi
 echo "setup_sdk: creating $VENV with $SDK"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q --disable-pip-version-check "$SDK" -c "$LOCK"
+# --no-compile: as scripts/setup.sh, modules are compiled when first imported
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-compile "$SDK" -c "$LOCK"
 "$VENV/bin/python" -c "$CHECK"
 echo "$stamp" > "$VENV/.setup-stamp"

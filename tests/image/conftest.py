@@ -192,6 +192,12 @@ def tear_checkpoint(spec, name: str, epochs: int) -> None:
     checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
     variables = next((checkpoints / name).glob("ckpt.data-*"))
     variables.write_bytes(variables.read_bytes()[:64])
+    set_epochs(spec, epochs)
+
+
+def set_epochs(spec, epochs: int) -> None:
+    """Every host's job set to run `epochs` epochs in all when it starts again (a restarted
+    job asked for more or fewer epochs than it first was)."""
     for host in spec.host_names:
         config = local_cluster.host_paths(spec, host).hyperparameters
         config.write_text(json.dumps({**json.loads(config.read_text()), "epochs": str(epochs)}))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (add_code, compose_cluster, failure, local_cluster, logs, tear_checkpoint,
-                      unique, wait_for_log)
+from conftest import (add_code, compose_cluster, failure, local_cluster, logs, set_epochs,
+                      tear_checkpoint, unique, wait_for_log)
 from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
@@ -159,12 +159,16 @@ def test_sigterm_to_the_leader_checkpoints_and_resumes(engine, image, data, tmp_
         for host in HOSTS:
             assert failure(spec, host).startswith("training was stopped by a signal"), \
                 failure(spec, host)
-        saved = sorted(p.name for p in (local_cluster.host_paths(spec, "algo-1").checkpoint_dir)
-                       .iterdir())
+        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
+        saved = sorted(p.name for p in checkpoints.iterdir())
         assert saved, output
+        # the restart runs the stopped epoch's rest and one more, not the 60
+        epochs = json.loads((checkpoints / saved[-1] / "state.json").read_text())["epochs_done"] + 2
+        set_epochs(spec, epochs)
         codes, leader = rerun(engine, cluster, spec, "the same job restarted after SIGTERM")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
     assert f"resumed from /opt/ml/checkpoints/{saved[-1]}" in leader, leader[-3000:]
+    assert f"METRICS epoch={epochs} " in leader and f"METRICS epoch={epochs + 1} " not in leader
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped(engine, image, data, tmp_path):

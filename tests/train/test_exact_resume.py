@@ -79,18 +79,20 @@ def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make
 
 
 def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
-    """With global_batch_size fixed, 2 ranks stopped mid-epoch continue on 1 at the same step;
-    the samples count goes on from where the stopped job left it."""
+    """With global_batch_size fixed, 2 ranks stopped mid-epoch continue on 1 at the same step
+    (asked to end with that epoch); the samples count goes on from where the stopped job left
+    it."""
     hyperparameters = {**EXACT, "epochs": 3, "global_batch_size": 8}
     root = make_job(hyperparameters)
     state, _ = stop_once(root, "METRICS epoch=1 ", 0.5)
-    step = state["epoch_samples"] // 8 + 1
+    epoch, step = state["epochs_done"] + 1, state["epoch_samples"] // 8 + 1
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(
-        {key: str(value) for key, value in {**hyperparameters, "processes_per_host": 1}.items()}))
+        {key: str(value) for key, value in
+         {**hyperparameters, "processes_per_host": 1, "epochs": epoch}.items()}))
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "1 rank(s): 0@algo-1" in result.stdout
-    where = f"epoch 2, step {step}" if state["epoch_samples"] else "epoch 2"
+    where = f"epoch {epoch}, step {step}" if state["epoch_samples"] else f"epoch {epoch}"
     assert f"at {where}" in result.stdout and f"training from {where}" in result.stdout
     final = newest_state(root)
-    assert final["epochs_done"] == 3 and final["samples_done"] == 3 * 180 * 8, final
+    assert final["epochs_done"] == epoch and final["samples_done"] == epoch * 180 * 8, final
