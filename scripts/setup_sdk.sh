@@ -26,7 +26,7 @@ fi
 echo "setup_sdk: creating $VENV with $SDK"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # --no-compile: Python compiles what the tests import when they first import it; compiling
-# every module of the SDK's 120 packages up front took as long as the install itself.
+# every module of the SDK's hundred-odd packages up front took as long as the install itself.
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-compile "$SDK" -c "$LOCK"
 "$VENV/bin/python" -c "$CHECK"
 echo "$stamp" > "$VENV/.setup-stamp"

@@ -203,6 +203,21 @@ def set_epochs(spec, epochs: int) -> None:
         config.write_text(json.dumps({**json.loads(config.read_text()), "epochs": str(epochs)}))
 
 
+def restart(cluster, spec) -> None:
+    """The same job again on the same hosts' folders (checkpoints kept, failure files
+    cleared), as a restarted SageMaker job with the same checkpoint S3 location."""
+    cluster.down()
+    for host in spec.host_names:
+        local_cluster.host_paths(spec, host).failure_file.unlink(missing_ok=True)
+    cluster.compose("up", "-d", capture=True, timeout=300)
+
+
+def newest_checkpoint(spec) -> tuple[Path, dict]:
+    """The leader's newest checkpoint folder and its state.json."""
+    newest = max(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"))
+    return newest, json.loads((newest / "state.json").read_text())
+
+
 def add_code(folder: Path):
     def edit(document):
         for service in document["services"].values():

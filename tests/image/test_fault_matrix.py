@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (add_code, compose_cluster, failure, local_cluster, logs, set_epochs,
-                      tear_checkpoint, unique, wait_for_log)
+from conftest import (add_code, compose_cluster, failure, local_cluster, logs, newest_checkpoint,
+                      restart, set_epochs, tear_checkpoint, unique, wait_for_log)
 from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
@@ -139,10 +139,7 @@ def test_the_leader_killed_during_training(engine, image, data, tmp_path):
 def rerun(engine, cluster, spec, fault: str) -> tuple[dict[str, int], str]:
     """The same job again on the same hosts' folders (checkpoints kept), as a restarted
     SageMaker job with the same checkpoint S3 location."""
-    cluster.down()
-    for host in HOSTS:
-        (local_cluster.host_paths(spec, host).failure_file).unlink(missing_ok=True)
-    cluster.compose("up", "-d", capture=True, timeout=300)
+    restart(cluster, spec)
     return finish(engine, cluster, None, fault), cluster.logs("algo-1")
 
 
@@ -159,15 +156,13 @@ def test_sigterm_to_the_leader_checkpoints_and_resumes(engine, image, data, tmp_
         for host in HOSTS:
             assert failure(spec, host).startswith("training was stopped by a signal"), \
                 failure(spec, host)
-        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-        saved = sorted(p.name for p in checkpoints.iterdir())
-        assert saved, output
-        # the restart runs the stopped epoch's rest and one more, not the 60
-        epochs = json.loads((checkpoints / saved[-1] / "state.json").read_text())["epochs_done"] + 2
+        assert any(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.iterdir()), output
+        newest, state = newest_checkpoint(spec)
+        epochs = state["epochs_done"] + 2  # the stopped epoch's rest and one more, not the 60
         set_epochs(spec, epochs)
         codes, leader = rerun(engine, cluster, spec, "the same job restarted after SIGTERM")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
-    assert f"resumed from /opt/ml/checkpoints/{saved[-1]}" in leader, leader[-3000:]
+    assert f"resumed from /opt/ml/checkpoints/{newest.name}" in leader, leader[-3000:]
     assert f"METRICS epoch={epochs} " in leader and f"METRICS epoch={epochs + 1} " not in leader
 
 

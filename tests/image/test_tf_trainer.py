@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (REPO, compose_cluster, http, local_cluster, logs, serving, set_epochs,
-                      tear_checkpoint, wait_for_log)
-from test_tf_stack import BUILTIN, HOSTS, NO_HANG, cluster_spec, tf_image  # noqa: F401
+from conftest import (REPO, compose_cluster, http, local_cluster, logs, newest_checkpoint,
+                      restart, serving, set_epochs, tear_checkpoint, wait_for_log)
+from test_tf_stack import BUILTIN, NO_HANG, cluster_spec, tf_image  # noqa: F401
 
 pytestmark = pytest.mark.container
 
@@ -64,22 +64,18 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step(engine, tf_im
         codes = cluster.wait_all_exited(NO_HANG)
         stopped = cluster.logs("algo-1")
         assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
-        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-        newest = max(checkpoints.glob("epoch-*"))
-        state = json.loads((newest / "state.json").read_text())
+        newest, state = newest_checkpoint(spec)
         assert state.get("interrupted") is True, (state, stopped[-4000:])
-        cluster.down()
-        for host in HOSTS:
-            local_cluster.host_paths(spec, host).failure_file.unlink(missing_ok=True)
         epochs = state["epochs_done"] + 2
         set_epochs(spec, epochs)
-        cluster.compose("up", "-d", capture=True, timeout=300)
+        restart(cluster, spec)
         codes = cluster.wait_all_exited(600)
         resumed = cluster.logs("algo-1")
     assert codes == {"algo-1": 0, "algo-2": 0}, resumed[-3000:]
     where = f"epoch {state['epochs_done'] + 1}" + (
         f", step {state['epoch_samples'] // 8 + 1}" if state["epoch_samples"] else "")
     assert f"resumed from /opt/ml/checkpoints/{newest.name} at {where}" in resumed, resumed[-3000:]
+    checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
     final = json.loads((max(checkpoints.glob(f"epoch-{epochs:06d}*")) / "state.json").read_text())
     assert final["epochs_done"] == epochs and final["samples_done"] == epochs * 180 * 8, final
 
@@ -107,8 +103,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_on_mwms(engine, tf_image, data, 
         codes = cluster.wait_all_exited(600)
         assert codes == {"algo-1": 0, "algo-2": 0}, logs(cluster)
         tear_checkpoint(spec, "epoch-000002", epochs=3)
-        cluster.down()
-        cluster.compose("up", "-d", capture=True, timeout=300)
+        restart(cluster, spec)
         codes = cluster.wait_all_exited(600)
         leader = cluster.logs("algo-1")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
