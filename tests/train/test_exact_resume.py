@@ -11,7 +11,7 @@ import numpy as np
 from tests.conftest import TRAIN, run_train
 
 
-EXACT = {"epochs": 4, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
+EXACT = {"epochs": 3, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
 
 
 def newest_state(root) -> dict:
@@ -47,23 +47,22 @@ def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
 
 
 def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make_job):
-    """SIGTERM at three moments (in an epoch, in the rest of an epoch a resumed job runs, and in
-    a later epoch), four attempts: the same steps and the same final weights as one run. Each
-    stop comes with epochs still to run, so that a slow machine cannot finish first."""
+    """SIGTERM at two moments (in an epoch, then in the rest of that epoch a resumed job runs),
+    three attempts: the same steps and the same final weights as one run. Each stop comes with
+    an epoch still to run, so that a slow machine cannot finish first."""
     whole = make_job(EXACT, name="whole")
     result = run_train(whole)
     assert result.returncode == 0, result.stdout[-3000:]
     stopped = make_job(EXACT, name="stopped")
     states, outputs = [], []
-    for after, delay in (("METRICS epoch=1 ", 0.5), ("training from epoch 2, step", 0.0),
-                         ("METRICS epoch=2 ", 0.5)):
+    for after, delay in (("METRICS epoch=1 ", 0.5), ("training from epoch 2, step", 0.0)):
         state, output = stop_once(stopped, after, delay)
         states.append(state)
         outputs.append(output)
     last = run_train(stopped)
     assert last.returncode == 0, last.stdout[-3000:]
     print("stopped at", [(s["epochs_done"], s["epoch_samples"]) for s in states])
-    assert len({(s["epochs_done"], s["epoch_samples"]) for s in states}) == 3, states
+    assert len({(s["epochs_done"], s["epoch_samples"]) for s in states}) == 2, states
     assert any(s["epoch_samples"] for s in states), states  # at least one stop inside an epoch
     for state, output in zip(states, outputs):
         if state["epoch_samples"]:
