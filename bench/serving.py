@@ -6,8 +6,10 @@ workers, one per core, the SavedModel loaded once per worker, one call of a trac
 `tf.function` per request, CSV in, JSON out (`baseline_app` below). `wrk` drives both with
 keep-alive connections, one CSV row per request, at concurrency 1, 8, 32 and 64, on the
 digits MLP and on a CNN (conv_filters 384,384,768) whose one-row call costs more than a
-millisecond. Cells alternate between the two servers (A, B, A, B ...) so that the load of other
-processes falls on both alike; each figure is the median of `--repeats` runs. It prints
+millisecond. Each cell's runs alternate between the two servers in mirrored order (A B, B A,
+A B, B A), so that the load of other processes, and this shared machine's speed drifting during
+a cell (at c=1 it changed 2x within a minute), fall on both alike; each figure is the median
+of `--repeats` runs. It prints
 requests/s, p50/p99, the CPU time each server spends per request, the ratios serve/baseline,
 and the targets.
 
@@ -19,7 +21,7 @@ first posts 64 concurrent 6 MB CSV bodies at once. It prints the statuses, any w
 and the workers' resident memory over time; it fails unless there is no 5xx, every answer is
 right and memory after warm-up stays within 10 %.
 
-    python -m bench.serving [--duration 5] [--repeats 3] [--models mlp,cnn]
+    python -m bench.serving [--duration 4] [--repeats 4] [--models mlp,cnn]
     python -m bench.serving --soak [--soak-minutes 3]
 
 Models are trained once under build/bench-serve/<name> by scripts/default_job.py; the servers'
@@ -337,8 +339,8 @@ def bench_model(name: str, wrk_path: str, args: argparse.Namespace,
         print(HEADER, flush=True)
         for concurrency in CONCURRENCIES:
             runs: dict[str, list[Result]] = {SERVE: [], BASELINE: []}
-            for _ in range(args.repeats):
-                for server in servers:
+            for repeat in range(args.repeats):  # A B, B A, ...: see the module docstring
+                for server in servers if repeat % 2 == 0 else servers[::-1]:
                     runs[server.name].append(wrk(wrk_path, server, script, concurrency,
                                                  args.duration))
             table[concurrency] = {}
@@ -631,8 +633,8 @@ def soak_report(soak_run: Soak, memory: list[tuple[float, float]], duration_s: f
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median)")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per wrk run")
+    parser.add_argument("--repeats", type=int, default=4, help="runs per cell (median)")
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
     parser.add_argument("--soak", action="store_true", help="the soak run instead")
     parser.add_argument("--soak-minutes", type=float, default=3.0)
