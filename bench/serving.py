@@ -9,9 +9,8 @@ digits MLP and on a CNN (conv_filters 384,384,768) whose one-row call costs more
 millisecond. Each cell's runs alternate between the two servers in mirrored order (A B, B A,
 A B, B A), so that the load of other processes, and this shared machine's speed drifting during
 a cell (at c=1 it changed 2x within a minute), fall on both alike; each figure is the median
-of `--repeats` runs. It prints
-requests/s, p50/p99, the CPU time each server spends per request, the ratios serve/baseline,
-and the targets.
+of `--repeats` runs. It prints requests/s, p50/p99, the CPU time each server spends per
+request, the ratios serve/baseline, and the targets.
 
 The soak run (`--soak`) sends `serve` a few minutes of mixed traffic at concurrency 64: valid
 CSV and JSON requests, whose answers are checked against the model run in this process, and
