@@ -53,6 +53,12 @@ def run_train(root: Path, *extra: str, timeout: float = 300) -> subprocess.Compl
                           text=True, timeout=timeout)
 
 
+def newest_state(root: Path) -> dict:
+    """The state.json of the newest checkpoint of the job under `root`."""
+    newest = max((root / "checkpoints").glob("epoch-*"))
+    return json.loads((newest / "state.json").read_text())
+
+
 def failure_of(root: Path) -> str:
     path = root / "output" / "failure"
     return path.read_text() if path.exists() else ""

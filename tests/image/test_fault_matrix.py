@@ -137,8 +137,7 @@ def test_the_leader_killed_during_training(engine, image, data, tmp_path):
 
 
 def rerun(engine, cluster, spec, fault: str) -> tuple[dict[str, int], str]:
-    """The same job again on the same hosts' folders (checkpoints kept), as a restarted
-    SageMaker job with the same checkpoint S3 location."""
+    """`restart` the job and wait for it: every host's exit code and the leader's log."""
     restart(cluster, spec)
     return finish(engine, cluster, None, fault), cluster.logs("algo-1")
 

@@ -7,7 +7,7 @@ import subprocess
 import time
 
 
-from tests.conftest import ROOT, TRAIN, failure_of, run_train
+from tests.conftest import ROOT, TRAIN, failure_of, newest_state, run_train
 
 
 def metrics_lines(output: str) -> list[str]:
@@ -53,7 +53,7 @@ def test_killed_job_resumes_from_its_checkpoint(make_job):
         time.sleep(0.2)
     os.killpg(job.pid, signal.SIGKILL)  # no warning: like a lost spot instance
     job.wait()
-    done = json.loads(max((root / "checkpoints").glob("epoch-*")).joinpath("state.json").read_text())
+    done = newest_state(root)
     hyperparameters = root / "input" / "config" / "hyperparameters.json"
     hyperparameters.write_text(json.dumps({"epochs": str(done["epochs_done"] + 2),
                                            "processes_per_host": "2"}))
@@ -77,8 +77,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(make_job):
     output = job.communicate(timeout=110)[0]  # SageMaker's grace is 120 s
     assert job.returncode == 143, output[-3000:]
     assert "TRAIN-STOPPED checkpoint saved" in output
-    latest = max((root / "checkpoints").glob("epoch-*"))
-    state = json.loads((latest / "state.json").read_text())
+    state = newest_state(root)
     assert state["interrupted"] is True and state["epochs_done"] >= 2
     assert "training was stopped by a signal" in failure_of(root)
     assert not (root / "model" / "metadata.json").exists()

@@ -8,14 +8,10 @@ import time
 
 import numpy as np
 
-from tests.conftest import TRAIN, run_train
+from tests.conftest import TRAIN, newest_state, run_train
 
 
 EXACT = {"epochs": 3, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
-
-
-def newest_state(root) -> dict:
-    return json.loads(max((root / "checkpoints").glob("epoch-*")).joinpath("state.json").read_text())
 
 
 def final_values(root) -> dict:
