@@ -260,19 +260,21 @@ class ComposeCluster:
                               capture_output=capture, text=True, timeout=timeout)
 
     def containers(self) -> dict[str, str]:
-        """Service (host) name -> container id, for this project's containers."""
-        ids = self.engine.run(
-            "ps", "-a", "-q", "--filter",
-            f"label=com.docker.compose.project={self.project}").stdout.split()
-        if not ids:
-            return {}
+        """Service (host) name -> container id, for this project's containers: one `ps`, so
+        that a container the engine is still creating or removing is never listed by one call
+        and missing in the next (Docker's `ps` names a label with .Label, podman's with
+        .Labels)."""
+        label = '.Label "{}"' if self.engine.name == "docker" else 'index .Labels "{}"'
         lines = self.engine.run(
-            "inspect", "--format",
-            '{{index .Config.Labels "com.docker.compose.service"}} {{.Id}}', *ids).stdout
+            "ps", "-a", "--no-trunc", "--filter",
+            f"label=com.docker.compose.project={self.project}", "--format",
+            f"{{{{{label.format('com.docker.compose.service')}}}}} {{{{.ID}}}}").stdout
         return dict(line.split() for line in lines.splitlines() if line.strip())
 
     def state(self, host: str) -> dict[str, Any]:
-        container = self.containers()[host]
+        return self._state(self.containers()[host])
+
+    def _state(self, container: str) -> dict[str, Any]:
         return json.loads(self.engine.run("inspect", "--format", "{{json .State}}",
                                           container).stdout)
 
@@ -281,7 +283,8 @@ class ComposeCluster:
         hosts still running."""
         deadline = time.monotonic() + timeout
         while True:
-            states = {host: self.state(host) for host in self.containers()}
+            states = {host: self._state(container)
+                      for host, container in self.containers().items()}
             running = sorted(h for h, s in states.items() if s.get("Running"))
             if not running:
                 return {host: int(s.get("ExitCode", -1)) for host, s in states.items()}

@@ -1,8 +1,10 @@
 """Two hosts on one machine: 127.0.0.1 (leader) and 127.0.0.2 (worker), each with its own
 launcher, its own SageMaker tree and its own sshd. mpirun really crosses over ssh to the
 second address (OpenMPI treats it as a remote node), so the leader/worker protocol, the job
-key, strict host-key checking and the failure paths all run for real. Separate containers
-are tested in tests/image."""
+key, strict host-key checking and the failure paths all run for real. What separate
+containers prove as well is proven there only (tests/image): either start order
+(test_fault_matrix's staggered start), the built-in trainer across hosts (test_local_cluster)
+and a data error in a rank (test_fault_matrix)."""
 
 import json
 import os
@@ -81,17 +83,6 @@ def test_a_job_crosses_hosts_over_ssh(cluster):
     assert "/v2/credentials/job-role" not in leader_output  # forwarded by name, never logged
 
 
-def test_the_builtin_trainer_across_hosts(cluster):
-    roots = cluster({"epochs": 2})
-    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
-    leader_output = leader.communicate(timeout=300)[0]
-    worker.communicate(timeout=30)
-    assert leader.returncode == worker.returncode == 0, leader_output[-3000:]
-    assert "2 rank(s): 0@127.0.0.1, 1@127.0.0.2" in leader_output
-    assert (roots["127.0.0.1"] / "model" / "metadata.json").exists()
-    assert not (roots["127.0.0.2"] / "model" / "metadata.json").exists()
-
-
 def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
     roots = cluster({}, "fail.py", "from mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
                     "if MPI.COMM_WORLD.rank == 1:\n    raise MemoryError('batch too large for this GPU')\n"
@@ -153,18 +144,6 @@ def test_a_leader_whose_worker_never_comes_names_it(cluster):
                 if str(roots["127.0.0.1"]) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
 
 
-@pytest.mark.parametrize("first, late", [("127.0.0.1", "127.0.0.2"), ("127.0.0.2", "127.0.0.1")],
-                         ids=["worker 2x heartbeat_timeout late", "leader last"])
-def test_hosts_start_in_either_order(cluster, first, late):
-    roots = cluster({"heartbeat_timeout": 2}, "probe.py", PROBE)
-    early = start(roots[first])
-    time.sleep(4)  # twice heartbeat_timeout: the early host must keep waiting, not give up
-    processes = {first: early, late: start(roots[late])}
-    outputs = {host: process.communicate(timeout=240)[0] for host, process in processes.items()}
-    assert {host: p.returncode for host, p in processes.items()} == {first: 0, late: 0}, outputs
-    assert (roots["127.0.0.1"] / "output" / "data" / "rank1.json").exists()
-
-
 def with_interface(roots, name):
     for root in roots.values():
         path = root / "input" / "config" / "resourceconfig.json"
@@ -196,18 +175,3 @@ def test_openmpis_own_error_is_the_failure_reason(cluster):
         "mpirun exited with code 1: OpenMPI says: None of the TCP networks specified to be "
         "included for out-of-band communications could be found: Value given: nosuch0 Please "
         "revise the specification and try again.")
-
-
-def test_a_data_error_in_a_rank_exits_2_on_every_host(cluster):
-    roots = cluster({"epochs": 1})
-    # Ranks read the leader's tree here (TRAIN_ML_ROOT), so both ranks meet the bad row.
-    with open(roots["127.0.0.1"] / "input" / "data" / "train" / "digits.csv", "a") as csv:
-        csv.write("3," + ",".join(["nan"] * 64) + "\n")
-    worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
-    leader_output = leader.communicate(timeout=240)[0]
-    worker.communicate(timeout=30)
-    assert (leader.returncode, worker.returncode) == (2, 2), leader_output[-3000:]
-    cause = r"rank [01] on host 127\.0\.0\.[12] failed \(config error\): DataError: .*NaN"
-    assert re.match(cause, failure_of(roots["127.0.0.1"])), failure_of(roots["127.0.0.1"])
-    assert re.match(cause + r".*\(reported to 127\.0\.0\.2 by the leader 127\.0\.0\.1\)$",
-                    failure_of(roots["127.0.0.2"])), failure_of(roots["127.0.0.2"])

@@ -85,6 +85,12 @@ def test_unusable_files_are_named_with_the_problem(tmp_path, name, content, mess
     assert message in str(error.value) and name in str(error.value)
 
 
+def test_a_channel_without_data_files_is_named(tmp_path):
+    write(tmp_path / "train", ".hidden.csv", "1,2\n")
+    with pytest.raises(DataError, match=f"channel train: {tmp_path / 'train'} has no data files"):
+        list_channel("train", tmp_path / "train")
+
+
 def test_files_of_different_shapes_are_refused(tmp_path):
     write(tmp_path, "a.csv", "1,2,3\n")
     write(tmp_path, "b.csv", "1,2\n")

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from tests.conftest import TRAIN, newest_state, run_train
+from tests.conftest import TRAIN, failure_of, newest_state, run_train
 
 
 EXACT = {"epochs": 3, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
@@ -25,7 +25,8 @@ def final_values(root) -> dict:
 
 def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
     """Run the job, SIGTERM it `delay` s after its first line holding `after` (a spot stop at
-    an arbitrary moment); the state it saved and its output."""
+    an arbitrary moment); the state it saved and its output. The stop is reported as such:
+    exit 143, a checkpoint, a failure file that says why, and no model."""
     job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     seen = []
@@ -37,6 +38,9 @@ def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
     job.send_signal(signal.SIGTERM)
     output = "".join(seen) + job.communicate(timeout=110)[0]
     assert job.returncode == 143, output[-3000:]
+    assert "TRAIN-STOPPED checkpoint saved" in output, output[-3000:]
+    assert failure_of(root).startswith("training was stopped by a signal"), failure_of(root)
+    assert not (root / "model" / "metadata.json").exists()
     state = newest_state(root)
     assert state["interrupted"] is True, state
     return state, output
@@ -76,10 +80,11 @@ def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make
 def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
     """With global_batch_size fixed, 2 ranks stopped mid-epoch continue on 1 at the same step
     (asked to end with that epoch); the samples count goes on from where the stopped job left
-    it."""
+    it. The stopped job has periodic checkpoints off: the stop saves one all the same."""
     hyperparameters = {**EXACT, "epochs": 3, "global_batch_size": 8}
-    root = make_job(hyperparameters)
+    root = make_job({**hyperparameters, "checkpoint_every_epochs": 0})
     state, _ = stop_once(root, "METRICS epoch=1 ", 0.5)
+    assert len(list((root / "checkpoints").iterdir())) == 1
     epoch, step = state["epochs_done"] + 1, state["epoch_samples"] // 8 + 1
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(
         {key: str(value) for key, value in
