@@ -115,7 +115,8 @@ def test_source_dir_job_across_two_hosts_then_serve(make_job, submitted, s3_serv
     table = np.loadtxt(roots["127.0.0.1"] / "input" / "data" / "validation" / "digits.csv",
                        delimiter=",")
     labels, rows = table[:, 0].astype(int), table[:, 1:].astype(np.float32) / 16.0
-    server = Server(roots["127.0.0.1"], tmp_path / "serve.log")
+    server = Server(roots["127.0.0.1"], tmp_path / "serve.log",
+                    SAGEMAKER_MODEL_SERVER_WORKERS="1")
     try:
         server.healthy()
         csv_body = "\n".join(",".join(f"{v:g}" for v in row) for row in rows)

@@ -41,7 +41,7 @@ def test_an_image_model_trained_on_an_image_folder_is_served_on_npy_and_json(mak
     import tensorflow as tf
     pixels, labels = split()["validation"]
     images = np.stack([tf.io.decode_png(png).numpy() for png in png_images(pixels[:4], 32)])
-    server = Server(root, tmp_path / "serve.log")
+    server = Server(root, tmp_path / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="1")
     try:
         server.healthy()
         buffer = io.BytesIO()
