@@ -140,14 +140,6 @@ def test_two_host_job(two_host_job):
             f"no sign that rank {rank} ran on {host}:\n{leader[-3000:]}"
 
 
-def test_one_host_job(engine, image, digits, tmp_path):
-    spec = job_spec(tmp_path, image, digits, hosts=1)
-    codes, logs = run_job(engine, spec, "one")
-    assert codes == {"algo-1": 0}, logs["algo-1"][-3000:]
-    assert "model/1/saved_model.pb" in model_files(spec, "algo-1")
-    assert "world size 1" in logs["algo-1"]
-
-
 @pytest.mark.parametrize("leader", ["silent", "absent"])
 def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, leader):
     """silent: algo-1 resolves but never runs the launcher; absent: algo-1 never exists."""
