@@ -26,7 +26,7 @@ test:
 
 ## The inner loop: every test but the container ones (no image build, no podman).
 test-unit: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not container"
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not container"
 
 # --- container image, local clusters, push --------------------------------------------
 # Docker when a daemon answers, else podman with the project's scripts/containers.conf

@@ -50,8 +50,10 @@ STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &
 tf_build=$!
 # Two pytest workers (pytest-xdist), each taking whole files: most tests wait on processes,
 # containers or deadlines as much as they compute, so two at a time fill the 2 cores better.
+# The files with long jobs go first (tests/conftest.py LONG_FILES), in that order.
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
-phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile -m "not container" ${PYTEST_ARGS:-}
+phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+  -m "not container" ${PYTEST_ARGS:-}
 wait_tf_build() {
   wait "$tf_build" && return 0
   tail -n 40 build/tf-image.log
@@ -60,4 +62,5 @@ wait_tf_build() {
 phase "tf image wait" wait_tf_build
 # shellcheck disable=SC2086
 phase "container tests" env TEST_IMAGE_BUILT=1 \
-  $PY -m pytest -q -n 2 --dist loadfile -m container tests/image ${PYTEST_ARGS:-}
+  $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m container tests/image \
+  ${PYTEST_ARGS:-}
