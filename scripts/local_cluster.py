@@ -243,6 +243,17 @@ class Engine:
         return subprocess.run([self.name, *args], env=dict(self.env), check=check,
                               capture_output=capture, text=True, timeout=timeout)
 
+    def labelled(self, having: str, *labels: str, check: bool = True) -> list[list[str]]:
+        """Each container (running or not) with the label `having` (`key` or `key=value`): the
+        values of `labels`, then its full id. One `ps`, so that a container the engine is still
+        creating or removing is never listed by one call and missing in the next (Docker's
+        template names a label .Label "key", podman's index .Labels "key")."""
+        field = '.Label "{}"' if self.name == "docker" else 'index .Labels "{}"'
+        template = "".join("{{" + field.format(label) + "}} " for label in labels) + "{{.ID}}"
+        lines = self.run("ps", "-a", "--no-trunc", "--filter", f"label={having}", "--format",
+                         template, check=check).stdout
+        return [line.split() for line in lines.splitlines() if line.strip()]
+
 
 @dataclass
 class ComposeCluster:
@@ -260,16 +271,9 @@ class ComposeCluster:
                               capture_output=capture, text=True, timeout=timeout)
 
     def containers(self) -> dict[str, str]:
-        """Service (host) name -> container id, for this project's containers: one `ps`, so
-        that a container the engine is still creating or removing is never listed by one call
-        and missing in the next (Docker's `ps` names a label with .Label, podman's with
-        .Labels)."""
-        label = '.Label "{}"' if self.engine.name == "docker" else 'index .Labels "{}"'
-        lines = self.engine.run(
-            "ps", "-a", "--no-trunc", "--filter",
-            f"label=com.docker.compose.project={self.project}", "--format",
-            f"{{{{{label.format('com.docker.compose.service')}}}}} {{{{.ID}}}}").stdout
-        return dict(line.split() for line in lines.splitlines() if line.strip())
+        """Service (host) name -> container id, for this project's containers."""
+        return dict(self.engine.labelled(f"com.docker.compose.project={self.project}",
+                                         "com.docker.compose.service"))
 
     def state(self, host: str) -> dict[str, Any]:
         return self._state(self.containers()[host])

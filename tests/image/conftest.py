@@ -186,13 +186,16 @@ def logs(cluster) -> str:
     return "\n".join(f"--- {host}\n{cluster.logs(host)[-3000:]}" for host in cluster.containers())
 
 
-def tear_checkpoint(spec, name: str, epochs: int) -> None:
-    """The leader's checkpoint `name` with a torn variables file (as a partial S3 sync leaves
-    it), and every host's job set to run `epochs` epochs when it starts again."""
-    checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-    variables = next((checkpoints / name).glob("ckpt.data-*"))
+def tear_newest_checkpoint(spec, epochs: int) -> tuple[Path, Path]:
+    """The leader's newest checkpoint with a torn variables file (as a partial S3 sync leaves
+    it), and every host's job set to run `epochs` epochs when it starts again; the checkpoint
+    before it (where the job must resume) and the torn one."""
+    before, newest = sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir
+                            .glob("epoch-*"))[-2:]
+    variables = next(newest.glob("ckpt.data-*"))
     variables.write_bytes(variables.read_bytes()[:64])
     set_epochs(spec, epochs)
+    return before, newest
 
 
 def set_epochs(spec, epochs: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (add_code, compose_cluster, failure, local_cluster, logs, newest_checkpoint,
-                      restart, set_epochs, tear_checkpoint, unique, wait_for_log)
+                      restart, set_epochs, tear_newest_checkpoint, unique, wait_for_log)
 from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
@@ -169,12 +169,10 @@ def test_sigterm_to_the_leader_checkpoints_and_resumes_then_a_torn_checkpoint_is
         assert f"resumed from /opt/ml/checkpoints/{newest.name}" in leader, leader[-3000:]
         assert f"METRICS epoch={epochs} " in leader and f"METRICS epoch={epochs + 1} " not in leader
 
-        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-        before, last = sorted(checkpoints.glob("epoch-*"))[-2:]
-        tear_checkpoint(spec, last.name, epochs=epochs + 1)
+        before, torn = tear_newest_checkpoint(spec, epochs=epochs + 1)
         codes, leader = rerun(engine, cluster, spec, "newest checkpoint truncated, job restarted")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
-    assert f"skipped checkpoint /opt/ml/checkpoints/{last.name}" in leader, leader[-3000:]
+    assert f"skipped checkpoint /opt/ml/checkpoints/{torn.name}" in leader, leader[-3000:]
     assert f"resumed from /opt/ml/checkpoints/{before.name} at epoch {epochs}" in leader
 
 

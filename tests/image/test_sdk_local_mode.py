@@ -68,14 +68,9 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank{hvd.rank()}.json"), "w
 def containers(engine, root: Path) -> dict[str, str]:
     """Service (host) -> container id of the compose projects the SDK ran from folders under
     `root` (compose labels each container with its project's folder)."""
-    ids = engine.run("ps", "-a", "-q", "--filter", "label=com.docker.compose.project",
-                     check=False).stdout.split()
-    lines = engine.run("inspect", "--format", "{{index .Config.Labels "
-                       '"com.docker.compose.project.working_dir"}} {{index .Config.Labels '
-                       '"com.docker.compose.service"}} {{.Id}}', *ids,
-                       check=False).stdout if ids else ""
-    return {service: container for folder, service, container in
-            (line.split() for line in lines.splitlines() if line.strip())
+    return {service: container for folder, service, container in engine.labelled(
+                "com.docker.compose.project", "com.docker.compose.project.working_dir",
+                "com.docker.compose.service", check=False)
             if Path(folder).is_relative_to(root)}
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import (REPO, compose_cluster, http, local_cluster, newest_checkpoint,
-                      restart, serving, set_epochs, tear_checkpoint, wait_for_log)
+                      restart, serving, set_epochs, tear_newest_checkpoint, wait_for_log)
 from test_tf_stack import BUILTIN, NO_HANG, cluster_spec, tf_image  # noqa: F401
 
 pytestmark = pytest.mark.container
@@ -78,18 +78,16 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_
             f", step {state['epoch_samples'] // 8 + 1}" if state["epoch_samples"] else "")
         assert f"resumed from /opt/ml/checkpoints/{newest.name} at {where}" in resumed, \
             resumed[-3000:]
-        checkpoints = local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-        before, last = sorted(checkpoints.glob("epoch-*"))[-2:]
-        final = json.loads((last / "state.json").read_text())
+        _, final = newest_checkpoint(spec)
         assert final["epochs_done"] == epochs and final["samples_done"] == epochs * 180 * 8, \
             final
 
-        tear_checkpoint(spec, last.name, epochs=epochs + 1)
+        before, torn = tear_newest_checkpoint(spec, epochs=epochs + 1)
         restart(cluster, spec)
         codes = cluster.wait_all_exited(600)
         leader = cluster.logs("algo-1")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
-    assert f"skipped checkpoint /opt/ml/checkpoints/{last.name}" in leader, leader[-3000:]
+    assert f"skipped checkpoint /opt/ml/checkpoints/{torn.name}" in leader, leader[-3000:]
     assert f"resumed from /opt/ml/checkpoints/{before.name} at epoch {epochs}" in leader, \
         leader[-3000:]
     assert f"METRICS epoch={epochs + 1} " in leader
