@@ -55,7 +55,9 @@ def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make
     assert result.returncode == 0, result.stdout[-3000:]
     stopped = make_job(EXACT, name="stopped")
     states, outputs = [], []
-    for after, delay in (("METRICS epoch=1 ", 0.5), ("training from epoch 2, step", 0.0)):
+    # 0.5 s after rank 0's line, not at once: a stop that reaches a rank before it starts
+    # training (rank 1 a moment behind rank 0) exits at once, with nothing new to save
+    for after, delay in (("METRICS epoch=1 ", 0.5), ("training from epoch 2, step", 0.5)):
         state, output = stop_once(stopped, after, delay)
         states.append(state)
         outputs.append(output)
