@@ -7,6 +7,7 @@ numpy; the real app through Flask's test client."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -48,8 +49,19 @@ def tf():
 
 
 def serve(model_dir):
+    """The app serving `model_dir`, whose model must take the fast flat call (serve.model
+    warns when it falls back to the public signature call)."""
     model = Model(model_dir)
-    model.load()
+    warnings: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warnings.append
+    logger = logging.getLogger("serve.model")
+    logger.addHandler(handler)
+    try:
+        model.load()
+    finally:
+        logger.removeHandler(handler)
+    assert not warnings, [record.getMessage() for record in warnings]
     return app_for(ServeConfig(ml_root=model_dir.parent), model).test_client()
 
 
