@@ -226,6 +226,10 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
             start = JobPosition.from_state(state, plan.global_batch, steps_per_epoch)
             history = state.get("history", {})
             emit(f"trainer: resumed from {folder} at {start.describe()}")
+    # Armed before the first collective that precedes training, on every rank: from here a
+    # stop waits for the step the ranks agree on. Armed any later, a stop could reach one
+    # rank unarmed (it exits at once) while another waits for it in a collective.
+    StopRequest.arm()
     start = sync.broadcast_object(start, name="start")
     # distributed: every rank starts from rank 0's weights and optimizer state.
     sync.broadcast_variables(model.variables + optimizer.variables)
@@ -264,7 +268,6 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps
         per epoch."""
         now = position()
-        StopRequest.arm()
         say(f"training from {now.describe()} to the end of epoch {epochs}")
         stepper.fit(sync.distribute(training_input(
                         train_source, lookup, plan.per_device_batch, config,

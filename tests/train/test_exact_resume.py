@@ -23,10 +23,10 @@ def final_values(root) -> dict:
             if name.startswith(("model/", "optimizer/"))}
 
 
-def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
-    """Run the job, SIGTERM it `delay` s after its first line holding `after` (a spot stop at
-    an arbitrary moment); the state it saved and its output. The stop is reported as such:
-    exit 143, a checkpoint, a failure file that says why, and no model."""
+def stopped(root, after: str, delay: float = 0.0) -> str:
+    """Run the job and SIGTERM it `delay` s after its first line holding `after` (a spot stop
+    at an arbitrary moment); its output. The stop is reported as such: exit 143, a failure
+    file that says why, and no model."""
     job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     seen = []
@@ -38,30 +38,42 @@ def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
     job.send_signal(signal.SIGTERM)
     output = "".join(seen) + job.communicate(timeout=110)[0]
     assert job.returncode == 143, output[-3000:]
-    assert "TRAIN-STOPPED checkpoint saved" in output, output[-3000:]
     assert failure_of(root).startswith("training was stopped by a signal"), failure_of(root)
     assert not (root / "model" / "metadata.json").exists()
+    return output
+
+
+def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
+    """`stopped` in training: the state its checkpoint saved, and its output."""
+    output = stopped(root, after, delay)
+    assert "TRAIN-STOPPED checkpoint saved" in output, output[-3000:]
     state = newest_state(root)
     assert state["interrupted"] is True, state
     return state, output
 
 
 def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make_job):
-    """SIGTERM at two moments (in an epoch, then in the rest of that epoch a resumed job runs),
-    three attempts: the same steps and the same final weights as one run. Each stop comes with
-    an epoch still to run, so that a slow machine cannot finish first."""
+    """SIGTERM at three moments (before training, in an epoch, then as a resumed job starts
+    the rest of that epoch), four attempts: the same steps and the same final weights as one
+    run. Each stop comes with an epoch still to run, so that a slow machine cannot finish
+    first."""
     whole = make_job(EXACT, name="whole")
     result = run_train(whole)
     assert result.returncode == 0, result.stdout[-3000:]
-    stopped = make_job(EXACT, name="stopped")
+    stopped_job = make_job(EXACT, name="stopped")
+    # Once the ranks are up, they count their data and build the model: nothing to save yet.
+    stopped(stopped_job, " rank(s): ")
+    assert "before training began: nothing new to save" in failure_of(stopped_job)
+    assert not (stopped_job / "checkpoints").exists() or not any(
+        (stopped_job / "checkpoints").iterdir())
     states, outputs = [], []
-    # 0.5 s after rank 0's line, not at once: a stop that reaches a rank before it starts
-    # training (rank 1 a moment behind rank 0) exits at once, with nothing new to save
-    for after, delay in (("METRICS epoch=1 ", 0.5), ("training from epoch 2, step", 0.5)):
-        state, output = stop_once(stopped, after, delay)
+    # The second stop comes as soon as rank 0 starts the resumed epoch: every rank is armed
+    # by then, however far behind rank 0, so it stops after the step they agree on.
+    for after, delay in (("METRICS epoch=1 ", 0.5), ("training from epoch 2, step", 0.0)):
+        state, output = stop_once(stopped_job, after, delay)
         states.append(state)
         outputs.append(output)
-    last = run_train(stopped)
+    last = run_train(stopped_job)
     assert last.returncode == 0, last.stdout[-3000:]
     print("stopped at", [(s["epochs_done"], s["epoch_samples"]) for s in states])
     assert len({(s["epochs_done"], s["epoch_samples"]) for s in states}) == 2, states
@@ -71,12 +83,12 @@ def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make
             step = state["epoch_samples"] // 4 + 1
             assert f"resumes at epoch {state['epochs_done'] + 1}, step {step}" in output
     assert f"at epoch {states[-1]['epochs_done'] + 1}" in last.stdout
-    expected, got = final_values(whole), final_values(stopped)
+    expected, got = final_values(whole), final_values(stopped_job)
     assert expected.keys() == got.keys() and any("iter" in name for name in got)
     for name, value in expected.items():
         # measured: bit-identical; a resume at the epoch's start differs by ~1e-4 relative
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-9, err_msg=name)
-    assert newest_state(stopped)["samples_done"] == newest_state(whole)["samples_done"]
+    assert newest_state(stopped_job)["samples_done"] == newest_state(whole)["samples_done"]
 
 
 def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
