@@ -15,6 +15,13 @@ in Python between calls. Measured on 2 cores against one intra-op thread per wor
 and a lower p99 at every concurrency; the MLP was unchanged. On a GPU host one worker per
 GPU, each seeing only its own GPU, keeps every GPU fed without two processes contending for
 one device's memory.
+
+TensorFlow turns its oneDNN kernels on by default on CPUs with AVX-512 VNNI or AMX. They pay
+off on training's large batches (container.plan turns them on for CPU ranks), but serving
+calls the model with a few rows at a time, where they cost more than they save: the bench CNN's
+one-row call took 3.2-4.4 ms of wall time (4.0-4.3 ms of CPU) with them and 1.3-2.1 ms (1.5-2.0
+ms of CPU) without, 32 rows 11-16 ms against 9-13, the MLP's 8 and 32 rows 0.15-0.34 ms
+against 0.11-0.22, its single row the same. GPU hosts run the model on the GPU either way.
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ def default_workers(cpus: int, gpus: int) -> int:
     return gpus or cpus
 
 
-def tensorflow_threads(cpus: int) -> dict[str, str]:
-    """Environment sizing one worker's TensorFlow thread pools: every core for one call."""
+def tensorflow_environment(cpus: int) -> dict[str, str]:
+    """Environment for one worker's TensorFlow: every core for one call, and TensorFlow's own
+    CPU kernels rather than oneDNN's."""
     return {"TF_NUM_INTRAOP_THREADS": str(cpus), "TF_NUM_INTEROP_THREADS": "1",
-            "OMP_NUM_THREADS": str(cpus)}
+            "OMP_NUM_THREADS": str(cpus), "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
 def lowest_free(held: Collection[int]) -> int:

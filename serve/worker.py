@@ -1,7 +1,7 @@
 """What one gunicorn worker serves: its own model, loading in the background, behind the app.
 
 Built after fork, in the worker process, so the model (and TensorFlow) exists once per worker
-and never in the gunicorn master. TensorFlow's thread pools are sized (serve.host) before
+and never in the gunicorn master. TensorFlow's thread pools and kernels are set (serve.host) before
 TensorFlow is imported; variables already set win.
 """
 
@@ -14,14 +14,14 @@ from flask import Flask
 from serve.app import create_app
 from serve.batching import MicroBatcher, Predict
 from serve.config import ServeConfig
-from serve.host import cpu_count, tensorflow_threads
+from serve.host import cpu_count, tensorflow_environment
 from serve.limits import DecodeBudget
 from serve.model import Model
 
 
 def build_worker_app(config: ServeConfig) -> Flask:
     """The app of this worker; /ping answers 503 until the model has loaded and warmed up."""
-    for name, value in tensorflow_threads(cpu_count()).items():
+    for name, value in tensorflow_environment(cpu_count()).items():
         os.environ.setdefault(name, value)
     model = Model(config.model_dir)
     app = assemble_app(config, model, model.predict)

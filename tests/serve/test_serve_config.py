@@ -14,7 +14,7 @@ import pytest
 from serve.cli import parse_args
 from serve.config import ServeConfig, ServeConfigError, config_from_env
 from serve.host import (WorkerSlots, cpu_count, default_workers, gpu_count, lowest_free,
-                        tensorflow_threads)
+                        tensorflow_environment)
 from serve.logs import logging_config
 import serve.server as server_module
 from serve.server import NoAccessLogger, gunicorn_options
@@ -40,8 +40,9 @@ def test_workers_fill_the_host_and_each_call_may_use_every_core(tmp_path):
     assert gpu_count(tmp_path) == 2
     assert default_workers(cpus=8, gpus=0) == 8
     assert default_workers(cpus=8, gpus=2) == 2
-    assert tensorflow_threads(cpus=8) == {
-        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "8"}
+    assert tensorflow_environment(cpus=8) == {
+        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "8",
+        "TF_ENABLE_ONEDNN_OPTS": "0"}
     assert lowest_free([]) == 0
     assert lowest_free([0]) == 1
     assert lowest_free([1]) == 0  # the worker that held slot (and GPU) 0 was replaced
