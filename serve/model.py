@@ -130,9 +130,8 @@ def _flat_call(signature, inputs: tuple[TensorSpec, ...]
     ops, where it is not, and builds that error (with the host name: a system call) before
     trying the functions, three times per call: about 20 microseconds, a third of a small
     model's call. Without them the function runs with the default executor and function
-    options. This is TensorFlow's internal interface (pinned: 2.15),
-    so the load checks it against the public call on random inputs and keeps the public
-    call if they differ.
+    options. This is TensorFlow's internal interface (pinned: 2.15), so the load checks it
+    against the public call on random inputs and keeps the public call if they differ.
     """
     import tensorflow as tf
     from tensorflow.python.eager import context, execute

@@ -1,8 +1,8 @@
 """What one gunicorn worker serves: its own model, loading in the background, behind the app.
 
 Built after fork, in the worker process, so the model (and TensorFlow) exists once per worker
-and never in the gunicorn master. TensorFlow's thread pools and kernels are set (serve.host) before
-TensorFlow is imported; variables already set win.
+and never in the gunicorn master. TensorFlow's thread pools and kernels are chosen
+(serve.host) before TensorFlow is imported; variables already set win.
 """
 
 from __future__ import annotations
