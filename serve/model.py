@@ -139,14 +139,14 @@ def _flat_call(signature, inputs: tuple[TensorSpec, ...]
     function = getattr(signature, "_inference_function", None)
     if not isinstance(getattr(function, "name", None), bytes):
         return None
-    name, ctx = function.name.decode(), context.context()
+    function_name, ctx = function.name.decode(), context.context()
     captured = list(signature.captured_inputs)
     input_names = tf.nest.flatten({spec.name: spec.name for spec in inputs})
     output_names = tf.nest.flatten({name: name for name in signature.structured_outputs})
 
     def call(feed: dict[str, np.ndarray]) -> dict:
         tensors = [tf.constant(feed[input_name]) for input_name in input_names]
-        flat = execute.execute(name, len(output_names), tensors + captured, (), ctx)
+        flat = execute.execute(function_name, len(output_names), tensors + captured, (), ctx)
         return dict(zip(output_names, flat))
 
     rng = np.random.default_rng(0)

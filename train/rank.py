@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 
 from job.errors import PlatformError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
-from job.protocol import rank_failure, stopped_line
+from job.protocol import rank_failure
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,11 @@ class StopRequest:
     """Set when the launcher forwards a stop (SIGUSR1); the trainer polls it between steps.
 
     A rank program that never polls it (a script that does not use the helper API) is
-    stopped by SystemExit instead, which is still a clean, reported exit. So is the trainer
-    before it arms: its `unarmed_detail` then says what the stop leaves behind.
+    stopped by SystemExit instead, which is still a clean, reported exit.
     """
 
     event = threading.Event()
     polled = False
-    unarmed_detail: str | None = None  # reported by a stop that comes before arm()
 
     @classmethod
     def install(cls) -> None:
@@ -94,8 +92,6 @@ class StopRequest:
     def _handle(cls, signum, frame) -> None:
         cls.event.set()
         if not cls.polled:
-            if cls.unarmed_detail:
-                emit(stopped_line(cls.unarmed_detail))
             raise SystemExit(128 + signal.SIGTERM)
 
     @classmethod

@@ -9,7 +9,7 @@ import gc
 import os
 
 from job.errors import ConfigError
-from train.rank import RankContext, StopRequest, run_rank
+from train.rank import RankContext, run_rank
 from job.rank_job import read_rank_job
 
 
@@ -19,8 +19,6 @@ def main(context: RankContext) -> None:
         raise ConfigError(f"the launcher planned script mode ({job.program}), not the built-in "
                           "trainer; start ranks with `train`")
     os.environ.update(job.worker_environment(context.rank))
-    StopRequest.unarmed_detail = ("before training began: nothing new to save; a restarted "
-                                  "job starts where this one did")
     from train.trainer import train  # TensorFlow loads only after the stop handler is in place
 
     train(context, job.trainer, job.batches, job.tf_workers)

@@ -190,8 +190,7 @@ def tear_newest_checkpoint(spec, epochs: int) -> tuple[Path, Path]:
     """The leader's newest checkpoint with a torn variables file (as a partial S3 sync leaves
     it), and every host's job set to run `epochs` epochs when it starts again; the checkpoint
     before it (where the job must resume) and the torn one."""
-    before, newest = sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir
-                            .glob("epoch-*"))[-2:]
+    before, newest = leader_checkpoints(spec)[-2:]
     variables = next(newest.glob("ckpt.data-*"))
     variables.write_bytes(variables.read_bytes()[:64])
     set_epochs(spec, epochs)
@@ -215,9 +214,14 @@ def restart(cluster, spec) -> None:
     cluster.compose("up", "-d", capture=True, timeout=300)
 
 
+def leader_checkpoints(spec) -> list[Path]:
+    """The leader's checkpoint folders, oldest first."""
+    return sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"))
+
+
 def newest_checkpoint(spec) -> tuple[Path, dict]:
     """The leader's newest checkpoint folder and its state.json."""
-    newest = max(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"))
+    newest = leader_checkpoints(spec)[-1]
     return newest, json.loads((newest / "state.json").read_text())
 
 
