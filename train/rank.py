@@ -22,6 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Callable, Mapping
 
 from job.errors import PlatformError
@@ -74,11 +75,28 @@ def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankCon
                        hosts, paths)
 
 
+IMPORT_MACHINERY = "<frozen importlib._bootstrap>"
+RETRY_SECONDS = 0.1
+
+
+def importing(frame: FrameType | None) -> bool:
+    """Whether `frame` runs inside an import (any frame below it is the import machinery's)."""
+    while frame is not None:
+        if frame.f_code.co_filename == IMPORT_MACHINERY:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StopRequest:
     """Set when the launcher forwards a stop (SIGUSR1); the trainer polls it between steps.
 
-    A rank program that never polls it (a script that does not use the helper API) is
-    stopped by SystemExit instead, which is still a clean, reported exit.
+    A rank program that never polls it (a script that does not use the helper API, or the
+    built-in trainer before its first step) is stopped by SystemExit instead, which is still
+    a clean, reported exit. Not in the middle of an import, though: an exception raised there
+    surfaces as that module's failure (numpy's C import, which TensorFlow's takes seconds to
+    reach, wraps it in an ImportError and a page of installation advice), so a stop that
+    arrives during one is re-sent to the process until the import is over.
     """
 
     event = threading.Event()
@@ -89,10 +107,16 @@ class StopRequest:
         signal.signal(signal.SIGUSR1, cls._handle)
 
     @classmethod
-    def _handle(cls, signum, frame) -> None:
+    def _handle(cls, signum: int, frame: FrameType | None) -> None:
         cls.event.set()
-        if not cls.polled:
-            raise SystemExit(128 + signal.SIGTERM)
+        if cls.polled:
+            return
+        if importing(frame):
+            resend = threading.Timer(RETRY_SECONDS, os.kill, (os.getpid(), signum))
+            resend.daemon = True
+            resend.start()
+            return
+        raise SystemExit(128 + signal.SIGTERM)
 
     @classmethod
     def requested(cls) -> bool:

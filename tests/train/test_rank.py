@@ -1,0 +1,62 @@
+"""The rank wrapper's stop: a rank that does not poll exits when the stop arrives, but never
+from inside an import, where the exit would surface as that module's import failure."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ROOT
+
+SLOW_MODULE = """
+import time
+print("importing", flush=True)
+deadline = time.monotonic() + 3
+while time.monotonic() < deadline:
+    time.sleep(0.01)
+print("imported", flush=True)
+"""
+
+PROGRAM = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from train.rank import run_rank
+
+def body(context):
+    print("started", flush=True)
+    if sys.argv[2] == "import":
+        import slow_module
+    while True:  # a script that never polls for a stop
+        pass
+
+run_rank(body)
+"""
+
+
+def start_rank(tmp_path, mode):
+    (tmp_path / "slow_module.py").write_text(SLOW_MODULE)
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path), mode],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def stop_after(process, line):
+    while (printed := process.stdout.readline()) and printed.strip() != line:
+        pass
+    process.send_signal(signal.SIGUSR1)
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out, err
+
+
+def test_a_stop_during_an_import_waits_for_the_import_then_exits_cleanly(tmp_path):
+    code, out, err = stop_after(start_rank(tmp_path, "import"), "importing")
+    assert code == 128 + signal.SIGTERM, err
+    assert "imported" in out.split()
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_a_stop_outside_an_import_exits_at_once(tmp_path):
+    code, out, err = stop_after(start_rank(tmp_path, "loop"), "started")
+    assert code == 128 + signal.SIGTERM, err
+    assert "importing" not in out.split() and "Traceback" not in err, err
