@@ -59,6 +59,12 @@ def tensorflow_environment(cpus: int) -> dict[str, str]:
             "OMP_NUM_THREADS": str(cpus), "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
+def worker_core(slot: int, cores: Collection[int]) -> int:
+    """The core for the Python threads of the worker in `slot`: the slots go round the cores
+    this process may run on."""
+    return sorted(cores)[slot % len(cores)]
+
+
 def lowest_free(held: Collection[int]) -> int:
     """The lowest slot not in `held`: a new worker's, which a worker that exited frees for its
     replacement."""
@@ -66,7 +72,7 @@ def lowest_free(held: Collection[int]) -> int:
 
 
 class WorkerSlots:
-    """The slot (and so the GPU) of each live worker, kept in the gunicorn master through its
+    """The slot (and so the core of its Python threads, and its GPU) of each live worker, kept in the gunicorn master through its
     documented `pre_fork` and `child_exit` server hooks; the forked worker inherits its own."""
 
     def __init__(self) -> None:

@@ -18,6 +18,8 @@
   so any gunicorn release of the current major version runs it unchanged. By default there is
   one worker per core on CPU hosts and one per GPU on GPU hosts (serve.host); on a GPU host
   each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set after fork).
+- Each worker's Python threads run on one core, a different one per worker (its slot in
+  WorkerSlots, which a replacement inherits); its model's threads run on every core.
 - SIGTERM stops accepting, lets in-flight requests finish and exits within
   GRACEFUL_TIMEOUT_S, inside the 30 s SageMaker allows before SIGKILL.
 """
@@ -33,7 +35,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from serve.config import ServeConfig
-from serve.host import WorkerSlots, gpu_count
+from serve.host import WorkerSlots, gpu_count, worker_core
 from serve.logs import logging_config
 
 GRACEFUL_TIMEOUT_S = 20
@@ -56,12 +58,28 @@ def _pin_gpu(server: Any, worker: Any) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(worker.slot % gpu_count())
 
 
+def _pin_python(worker: Any) -> None:
+    """gunicorn's `post_worker_init` hook: the worker's main thread, and so every request thread
+    it starts from now on, runs on the core of its slot.
+
+    The threaded worker hands each request from its event loop to a request thread and back;
+    threads free to run on any core wake each other across cores, which cost about a fifth of
+    an MLP request's CPU (docs/performance.md). One core loses no parallelism to Python, which
+    runs one thread at a time per worker under its interpreter lock. The hook runs after the app is built, when the thread
+    loading the model has started with every core: TensorFlow's thread pools, started from it,
+    keep them all, so one model call still spreads over the whole machine.
+    """
+    os.sched_setaffinity(0, {worker_core(worker.slot, os.sched_getaffinity(0))})
+
+
 def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
     """gunicorn's settings for `config`."""
     slots = WorkerSlots()
-    gpu_hooks = ({"pre_fork": slots.assign, "child_exit": slots.free, "post_fork": _pin_gpu}
-                 if gpu_count() else {})
+    gpu_hooks = {"post_fork": _pin_gpu} if gpu_count() else {}
     return {**gpu_hooks,
+        "pre_fork": slots.assign,
+        "child_exit": slots.free,
+        "post_worker_init": _pin_python,
         "bind": [f"0.0.0.0:{config.port}"],
         "reuse_port": True,
         "workers": config.workers,

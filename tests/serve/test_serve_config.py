@@ -14,7 +14,7 @@ import pytest
 from serve.cli import parse_args
 from serve.config import ServeConfig, ServeConfigError, config_from_env
 from serve.host import (WorkerSlots, cpu_count, default_workers, gpu_count, lowest_free,
-                        tensorflow_environment)
+                        tensorflow_environment, worker_core)
 from serve.logs import logging_config
 import serve.server as server_module
 from serve.server import NoAccessLogger, gunicorn_options
@@ -43,6 +43,7 @@ def test_workers_fill_the_host_and_each_call_may_use_every_core(tmp_path):
     assert tensorflow_environment(cpus=8) == {
         "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "8",
         "TF_ENABLE_ONEDNN_OPTS": "0"}
+    assert [worker_core(slot, {5, 3, 9}) for slot in range(4)] == [3, 5, 9, 3]
     assert lowest_free([]) == 0
     assert lowest_free([0]) == 1
     assert lowest_free([1]) == 0  # the worker that held slot (and GPU) 0 was replaced
@@ -100,7 +101,11 @@ def test_a_bad_value_names_the_variable_and_what_is_allowed(name, value, message
 
 def test_gunicorn_settings():
     config = ServeConfig(port=9000, workers=2, threads=16, timeout_s=30)
-    assert gunicorn_options(config) == {
+    options = gunicorn_options(config)
+    slots = options.pop("pre_fork").__self__
+    assert isinstance(slots, WorkerSlots) and options.pop("child_exit") == slots.free
+    assert options.pop("post_worker_init") == server_module._pin_python
+    assert options == {
         "bind": ["0.0.0.0:9000"], "reuse_port": True, "workers": 2, "worker_class": "gthread",
         "threads": 16, "timeout": 30, "graceful_timeout": 20, "keepalive": 75,
         "preload_app": False, "accesslog": None, "logger_class": NoAccessLogger,

@@ -251,3 +251,25 @@ def test_a_body_trickling_past_the_deadline_gets_408_not_a_prediction(short_time
     assert status == 408, content
     assert "had not fully arrived 4 s after" in json.loads(content)["error"]
     assert metrics(short_timeout)["timed_out"] == 0  # refused before the model's queue
+
+
+def thread_cores(pid: int) -> dict[int, set[int]]:
+    """The cores each thread of process `pid` may run on, by thread id."""
+    return {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to place")
+def test_each_worker_runs_its_python_on_a_core_of_its_own_and_its_model_on_all(small_limit):
+    workers: set[int] = set()
+    while len(workers) < 2:  # a new connection each time: the kernel spreads them
+        assert post(small_limit, ROW).status_code == 200
+        workers.add(metrics(small_limit)["pid"])
+    every_core = os.sched_getaffinity(small_limit.process.pid)
+    python_cores = []
+    for pid in workers:
+        threads = thread_cores(pid)
+        [core] = threads[pid]  # the main thread, which started the request threads
+        python_cores.append(core)
+        assert sum(cores == {core} for cores in threads.values()) >= 2  # and request threads
+        assert sum(cores == every_core for cores in threads.values()) >= 2  # TensorFlow's
+    assert len(set(python_cores)) == 2
