@@ -72,8 +72,9 @@ def lowest_free(held: Collection[int]) -> int:
 
 
 class WorkerSlots:
-    """The slot (and so the core of its Python threads, and its GPU) of each live worker, kept in the gunicorn master through its
-    documented `pre_fork` and `child_exit` server hooks; the forked worker inherits its own."""
+    """The slot (and so the core of its Python threads, and its GPU) of each live worker, kept
+    in the gunicorn master through its documented `pre_fork` and `child_exit` server hooks; the
+    forked worker inherits its own."""
 
     def __init__(self) -> None:
         self._held: set[int] = set()

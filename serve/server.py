@@ -65,9 +65,10 @@ def _pin_python(worker: Any) -> None:
     The threaded worker hands each request from its event loop to a request thread and back;
     threads free to run on any core wake each other across cores, which cost about a fifth of
     an MLP request's CPU (docs/performance.md). One core loses no parallelism to Python, which
-    runs one thread at a time per worker under its interpreter lock. The hook runs after the app is built, when the thread
-    loading the model has started with every core: TensorFlow's thread pools, started from it,
-    keep them all, so one model call still spreads over the whole machine.
+    runs one thread at a time per worker under its interpreter lock. The hook runs after the
+    app is built, when the thread loading the model has started with every core: TensorFlow's
+    thread pools, started from it, keep them all, so one model call still spreads over the
+    whole machine.
     """
     os.sched_setaffinity(0, {worker_core(worker.slot, os.sched_getaffinity(0))})
 

@@ -92,7 +92,7 @@ class StopRequest:
     """Set when the launcher forwards a stop (SIGUSR1); the trainer polls it between steps.
 
     A rank program that never polls it (a script that does not use the helper API, or the
-    built-in trainer before its first step) is stopped by SystemExit instead, which is still
+    built-in trainer until it arms the request) is stopped by SystemExit instead, which is still
     a clean, reported exit. Not in the middle of an import, though: an exception raised there
     surfaces as that module's failure (numpy's C import, which TensorFlow's takes seconds to
     reach, wraps it in an ImportError and a page of installation advice), so a stop that

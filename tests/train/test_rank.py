@@ -42,10 +42,13 @@ def start_rank(tmp_path, mode):
 
 
 def stop_after(process, line):
-    while (printed := process.stdout.readline()) and printed.strip() != line:
-        pass
-    process.send_signal(signal.SIGUSR1)
-    out, err = process.communicate(timeout=60)
+    try:
+        while (printed := process.stdout.readline()) and printed.strip() != line:
+            pass
+        process.send_signal(signal.SIGUSR1)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()  # never leave a spinning rank behind; nothing once it has exited
     return process.returncode, out, err
 
 
