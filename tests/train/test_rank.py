@@ -1,11 +1,9 @@
 """The rank wrapper's stop: a rank that does not poll exits when the stop arrives, but never
 from inside an import, where the exit would surface as that module's import failure."""
 
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 from tests.conftest import ROOT
 
@@ -36,9 +34,8 @@ run_rank(body)
 
 def start_rank(tmp_path, mode):
     (tmp_path / "slow_module.py").write_text(SLOW_MODULE)
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path), mode],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.Popen([sys.executable, "-c", PROGRAM, str(tmp_path), mode], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def stop_after(process, line):
