@@ -12,13 +12,15 @@ requirements.txt; this launcher does the same, once per host, before mpirun:
 - `file:///path` or a plain path: a .tar.gz (any tar) or a folder.
 
 The code folder's contents are replaced by the submit directory's: unpacked in a staging folder
-first, so a failed download or a bad archive leaves no half-unpacked code behind. Archive
-members that would land outside the folder (absolute paths, `..`, links out) are refused. The toolkit's own `files.download_and_extract` is not used: it unpacks
-without such a filter, only into an empty folder, and its errors name neither the URI nor the
-fix. Every failure is a ConfigError (exit code 2) naming the URI or the package to fix (a
-`sagemaker_program` missing from it is reported by the launch plan, naming the URI too). The
-code folder named as its own submit directory (SageMaker local mode mounts a local source_dir
-there) is used in place.
+first, so a failed download or a bad archive leaves no half-unpacked code behind. An archive is
+unpacked by container/untar.py with what tarfile's `data` filter allows (nothing written or
+linked outside the folder, no devices, no setuid bits), checked member by member against what
+is already on disk, on the image's Python too. The toolkit's own `files.download_and_extract`
+is not used: it unpacks without such a filter, only into an empty folder, and its errors name
+neither the URI nor the fix. Every failure is a ConfigError (exit code 2) naming the URI or the
+package to fix (a `sagemaker_program` missing from it is reported by the launch plan, naming
+the URI too). The code folder named as its own submit directory (SageMaker local mode mounts a
+local source_dir there) is used in place.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import tarfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from container import untar
 from job.errors import ConfigError
 from job.hyperparameters import decode
 from job.launch_config import LaunchConfig
@@ -128,36 +131,17 @@ def download_s3(bucket: str, key: str, target: Path, region_name: str | None, ur
                           "job's credentials, region and network access to S3") from None
 
 
-def safe_members(tar: tarfile.TarFile, destination: Path, uri: str) -> list[tarfile.TarInfo]:
-    """The archive's members, refusing any that would write outside `destination` (absolute
-    or `..` paths, links pointing out) or that are not files, folders or links (devices).
-    What tarfile's `data` filter does on Python 3.11.4+; the image's Python is older."""
-    root = destination.resolve()
-    members = tar.getmembers()
-    for member in members:
-        target = (root / member.name).resolve()
-        escapes = member.name.startswith("/") or not target.is_relative_to(root)
-        if member.issym() or member.islnk():
-            base = target.parent if member.issym() else root
-            escapes |= member.linkname.startswith("/") or \
-                not (base / member.linkname).resolve().is_relative_to(root)
-        if escapes or not (member.isfile() or member.isdir() or member.issym()
-                           or member.islnk()):
-            raise ConfigError(f"submit directory {uri!r} cannot be unpacked: member "
-                              f"{member.name!r} would land outside the code folder or is not a "
-                              "file, folder or link; repack it as a .tar.gz of the source folder")
-        member.mode &= 0o777  # no setuid, setgid or sticky bits from an archive
-    return members
-
-
 def extract(archive: Path, destination: Path, uri: str) -> None:
     if not tarfile.is_tarfile(archive):
         raise ConfigError(f"submit directory {uri!r} is not a tar archive (.tar.gz); pack "
                           "the folder with `tar -czf sourcedir.tar.gz -C src .` or let the "
                           "SDK pack source_dir")
     try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(destination, members=safe_members(tar, destination, uri))
+        untar.extract(archive, destination)
+    except untar.RefusedMember as refused:
+        raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {refused}; repack "
+                          "it as a .tar.gz of the source folder, with links that stay "
+                          "inside it") from None
     except (tarfile.TarError, OSError, EOFError) as error:
         raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {error}; repack "
                           "it as a .tar.gz of the source folder") from None

@@ -7,12 +7,16 @@ import io
 import shutil
 import json
 import os
+import stat
 import subprocess
 import sys
 import tarfile
 import uuid
 
 import pytest
+
+from container.source_dir import extract
+from job.errors import ConfigError
 
 from tests.conftest import TRAIN
 from tests.s3_server import s3_server, start_moto, uninstall, write_wheel  # noqa: F401
@@ -170,18 +174,6 @@ def test_a_program_outside_the_code_folder(make_job):
     expect_config_error(root, "program '../escape.py' points outside the code folder")
 
 
-def test_an_archive_member_escaping_the_folder(make_job, tmp_path):
-    archive = tmp_path / "evil.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        data = b"print('escaped')\n"
-        member = tarfile.TarInfo("../escaped.py")
-        member.size = len(data)
-        tar.addfile(member, io.BytesIO(data))
-    root = job(make_job, str(archive))
-    expect_config_error(root, "cannot be unpacked")
-    assert not (root / "escaped.py").exists() and not any((root / "code").glob("*"))
-
-
 def test_a_requirement_that_fails_to_install(make_job, source):
     (source / "requirements.txt").write_text("--no-index\nsm11-no-such-package==1.0\n")
     expect_config_error(job(make_job, str(source)), "pip could not install requirements.txt",
@@ -206,18 +198,205 @@ def test_the_code_folder_itself_as_in_local_mode(make_job, source, named):
     assert result.returncode == 2 and "sm11-no-such-package" in result.stderr  # still installed
 
 
-@pytest.mark.parametrize("name, kind, link", [
-    ("/tmp/sm11-absolute.py", tarfile.REGTYPE, ""),
-    ("link", tarfile.SYMTYPE, "../../outside"),
-    ("hard", tarfile.LNKTYPE, "/etc/passwd"),
-    ("device", tarfile.CHRTYPE, ""),
-])
-def test_archive_members_that_are_refused(make_job, tmp_path, name, kind, link):
-    archive = tmp_path / "evil.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        member = tarfile.TarInfo(name)
-        member.type, member.linkname = kind, link
-        tar.addfile(member, io.BytesIO(b""))
+# Crafted archives. Each member is (name, type, link target or file data, mode), written in
+# order by tarfile; unpacked by the launcher's own extract into tmp_path/a/b/c/staging, three
+# folders below a file that must stay as it is, so a write up to four levels up is seen.
+
+def entry(name, kind=tarfile.REGTYPE, value="", mode=0o644):
+    return name, kind, value, mode
+
+
+def craft(target, *entries):
+    with tarfile.open(target, "w:gz") as tar:
+        for name, kind, value, mode in entries:
+            member = tarfile.TarInfo(name)
+            member.type, member.mode = kind, mode
+            data = b""
+            if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+                member.linkname = value
+            else:
+                data = value.encode()
+            member.size = len(data) if kind == tarfile.REGTYPE else 0
+            tar.addfile(member, io.BytesIO(data))
+    return target
+
+
+@pytest.fixture
+def unpack_into(tmp_path):
+    """unpack_into(*entries) -> the staging folder the crafted archive was unpacked into;
+    raises what the launcher raises."""
+    staging = tmp_path / "a" / "b" / "c" / "staging"
+    staging.mkdir(parents=True)
+    (tmp_path / "a" / "outside.txt").write_text("kept")
+
+    def unpack(*entries):
+        archive = craft(tmp_path / "crafted.tar.gz", *entries)
+        extract(archive, staging, "s3://sm11-jobs/crafted.tar.gz")
+        return staging
+
+    return unpack
+
+
+def outside_of(tmp_path):
+    """Every path under tmp_path but the staging folder and the archive, with what a file
+    holds."""
+    staging = tmp_path / "a" / "b" / "c" / "staging"
+    return {str(path.relative_to(tmp_path)): path.read_bytes() if path.is_file() and
+            not path.is_symlink() else None for path in tmp_path.rglob("*")
+            if staging not in (path, *path.parents) and path.name != "crafted.tar.gz"}
+
+
+# The CPython test of CVE-2025-4517 (gh-135034): folders with names so long that the path
+# with the links followed is longer than PATH_MAX, where os.path.realpath stops following.
+def past_path_max(staging_length):
+    steps = "abcdefghijklmnop"
+    component = "d" * ((os.pathconf("/", "PC_PATH_MAX") - staging_length - 1)
+                       // (len(steps) + 1))
+    entries, path = [], ""
+    for step in steps:
+        entries += [entry(os.path.join(path, component), tarfile.DIRTYPE, mode=0o777),
+                    entry(os.path.join(path, step), tarfile.SYMTYPE, component)]
+        path = os.path.join(path, component)
+    top = os.path.join(*steps, "l" * 254)
+    return [*entries, entry(top, tarfile.SYMTYPE, os.path.join(*[".."] * len(steps))),
+            entry("escape", tarfile.SYMTYPE, os.path.join(top, "..")),
+            entry("escape/newfile", value="new")]
+
+
+REFUSED = {
+    "a link chain (l2 -> l1/.. with l1 -> .)": (
+        [entry("l1", tarfile.SYMTYPE, "."), entry("l2", tarfile.SYMTYPE, "l1/.."),
+         entry("l2/x", value="escaped")],
+        "member 'l2' is a symbolic link to 'l1/..', which leads outside the folder, to .."),
+    "a deeper chain, three levels up": (
+        [entry("l1", tarfile.SYMTYPE, "."), entry("l2", tarfile.SYMTYPE, "l1/.."),
+         entry("l3", tarfile.SYMTYPE, "l2/.."), entry("l4", tarfile.SYMTYPE, "l3/.."),
+         entry("l4/x", value="escaped")],
+        "member 'l2' is a symbolic link to 'l1/..', which leads outside the folder, to .."),
+    "a deeper chain inside subfolders": (
+        [entry("l1", tarfile.SYMTYPE, "."), entry("d/e/f", tarfile.DIRTYPE),
+         entry("d/e/f/up1", tarfile.SYMTYPE, "../../../l1"),
+         entry("d/e/f/up2", tarfile.SYMTYPE, "up1/d/e/f/up1/.."),
+         entry("d/e/f/up2/x", value="escaped")],
+        "member 'd/e/f/up2' is a symbolic link to 'up1/d/e/f/up1/..', which leads outside the "
+        "folder, to .."),
+    "a link that leads out only once a later link exists": (
+        [entry("l1", tarfile.SYMTYPE, "."), entry("x", tarfile.SYMTYPE, "m/.."),
+         entry("m", tarfile.SYMTYPE, "l1")],
+        "member 'x' is a symbolic link that leads outside the folder, to .., once the members "
+        "after it are unpacked"),
+    "a member named through a symlinked folder": (
+        [entry("l1", tarfile.SYMTYPE, "."), entry("x", tarfile.SYMTYPE, "m/.."),
+         entry("m", tarfile.SYMTYPE, "l1"), entry("x/escaped.py", value="escaped")],
+        "member 'x/escaped.py' would land outside the folder, at ../escaped.py"),
+    "names longer than PATH_MAX once links are followed (CVE-2025-4517)": (
+        "past_path_max", "cannot be followed or written: File name too long"),
+    "a hard link to a file outside": (
+        [entry("hard", tarfile.LNKTYPE, "../../../outside.txt"),
+         entry("hard", value="overwritten")],
+        "member 'hard' is a hard link to '../../../outside.txt', which leads outside the "
+        "folder, to ../../../outside.txt"),
+    "a hard link to an absolute path": (
+        [entry("hard", tarfile.LNKTYPE, "/etc/passwd")],
+        "member 'hard' is a hard link to the absolute path '/etc/passwd'; links must be "
+        "relative"),
+    "a hard link to a folder": (
+        [entry("lib", tarfile.DIRTYPE), entry("hard", tarfile.LNKTYPE, "lib")],
+        "member 'hard' is a hard link to 'lib', which is not a file unpacked before it"),
+    "a symlink to an absolute path": (
+        [entry("etc", tarfile.SYMTYPE, "/etc"), entry("etc/sm11-escaped", value="escaped")],
+        "member 'etc' is a symbolic link to the absolute path '/etc'"),
+    "a symlink loop": (
+        [entry("p", tarfile.SYMTYPE, "q"), entry("q", tarfile.SYMTYPE, "p")],
+        "member 'p' cannot be followed: Too many levels of symbolic links"),
+    "../x": (
+        [entry("../x", value="escaped")],
+        "member '../x' would land outside the folder, at ../x"),
+    "an absolute name": (
+        [entry("/tmp/sm11-absolute.py", value="escaped")],
+        "member '/tmp/sm11-absolute.py' has an absolute name"),
+    "a FIFO": (
+        [entry("pipe", tarfile.FIFOTYPE)],
+        "member 'pipe' is a FIFO; only files, folders and links can be unpacked"),
+    "a character device": (
+        [entry("device", tarfile.CHRTYPE)],
+        "member 'device' is a character device; only files, folders and links"),
+    "a file over a folder unpacked before it": (
+        [entry("lib", tarfile.DIRTYPE), entry("lib", value="x")],
+        "member 'lib' would replace the folder of that name unpacked before it"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_crafted_archive_is_refused_and_nothing_is_written_outside(tmp_path, unpack_into,
+                                                                      case):
+    entries, reason = REFUSED[case]
+    if entries == "past_path_max":
+        entries = past_path_max(len(str(tmp_path / "a" / "b" / "c" / "staging")))
+    before = outside_of(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        unpack_into(*entries)
+    message = str(refused.value)
+    assert message.startswith("submit directory 's3://sm11-jobs/crafted.tar.gz' cannot be "
+                              "unpacked: "), message
+    assert reason in message and "repack it as a .tar.gz" in message, message
+    assert outside_of(tmp_path) == before
+    assert not os.path.lexists("/etc/sm11-escaped") and not os.path.lexists(
+        "/tmp/sm11-absolute.py")
+
+
+def test_permissions_as_the_data_filter_sets_them(unpack_into):
+    staging = unpack_into(
+        entry("setuid", value="#!/bin/sh\n", mode=0o4755),
+        entry("setgid-group-writable", value="x", mode=0o2775),
+        entry("sticky-world-writable", value="x", mode=0o1666),
+        entry("no-owner-bits", value="x", mode=0o077),
+        entry("lib", tarfile.DIRTYPE, mode=0o2777))
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in staging.iterdir()}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert modes == {"setuid": 0o755, "setgid-group-writable": 0o755,
+                     "sticky-world-writable": 0o644, "no-owner-bits": 0o644,
+                     "lib": 0o777 & ~umask}
+
+
+def test_a_legitimate_archive_with_links_inside_it(unpack_into, tmp_path):
+    before = outside_of(tmp_path)
+    staging = unpack_into(
+        entry("./", tarfile.DIRTYPE),
+        entry("./train.py", value=SCRIPT, mode=0o755),
+        entry("./lib/helpers.py", value="VALUE = 0\n"),   # its folder has no member of its own
+        entry("./lib/helpers.py", value="VALUE = 1\n"),   # a later member replaces it
+        entry("./lib/current", tarfile.SYMTYPE, "helpers.py"),
+        entry("./lib/up", tarfile.SYMTYPE, "../train.py"),
+        entry("./shared", tarfile.SYMTYPE, "lib"),
+        entry("./shared/extra.py", value="EXTRA = 2\n"),  # through a link to a folder inside
+        entry("./again.py", tarfile.LNKTYPE, "./shared/up"),
+        entry("./data", tarfile.SYMTYPE, "not-yet"),      # dangling, inside
+        entry("./lib/current", tarfile.SYMTYPE, "extra.py"))  # a link replaced
+    assert (staging / "train.py").read_text() == SCRIPT
+    assert (staging / "lib" / "helpers.py").read_text() == "VALUE = 1\n"
+    assert (staging / "lib" / "extra.py").read_text() == "EXTRA = 2\n"
+    assert os.readlink(staging / "lib" / "current") == "extra.py"
+    assert (staging / "lib" / "up").read_text() == SCRIPT
+    assert os.readlink(staging / "shared") == "lib"
+    assert (staging / "again.py").stat().st_ino == (staging / "train.py").stat().st_ino
+    assert os.readlink(staging / "data") == "not-yet"
+    assert outside_of(tmp_path) == before
+
+
+def test_a_refused_archive_leaves_the_code_folder_as_it_was(make_job, tmp_path):
+    """Through the real launcher: the link chain stops the job with exit code 2, the code
+    folder keeps its files, no staging folder is left, and nothing is written beside it."""
+    archive = craft(tmp_path / "evil.tar.gz", entry("train.py", value=SCRIPT),
+                    entry("l1", tarfile.SYMTYPE, "."), entry("l2", tarfile.SYMTYPE, "l1/.."),
+                    entry("l2/x", value="escaped"))
     root = job(make_job, str(archive))
-    expect_config_error(root, f"cannot be unpacked: member {name!r} would land outside")
-    assert not any((root / "code").glob("*"))
+    (root / "code").mkdir()
+    (root / "code" / "train.py").write_text("earlier code\n")
+    before = sorted(path.name for path in root.iterdir())
+    expect_config_error(root, f"submit directory {str(archive)!r} cannot be unpacked: member "
+                        "'l2' is a symbolic link to 'l1/..', which leads outside the folder")
+    assert sorted(path.name for path in root.iterdir()) == before
+    assert [path.name for path in (root / "code").iterdir()] == ["train.py"]
+    assert (root / "code" / "train.py").read_text() == "earlier code\n"

@@ -1,0 +1,203 @@
+"""Unpacking an untrusted tar archive with what Python's `data` extraction filter (PEP 706)
+allows, on every Python: the image's is Debian 12's 3.11.2, whose tarfile has no `filter=`, so
+this module writes the members itself and never calls tarfile's extract.
+
+Checking the member list before extraction is not enough: links that earlier members leave
+on disk change where later names lead (`l1 -> .`, `l2 -> l1/..`, then `l2/x` is written into
+the folder's parent). So each member is checked just before it is written, against the disk as
+the members before it left it:
+
+- its name is relative, and the folder it goes into, with every link on disk along the way
+  followed, is inside the destination; the member is then created there without following
+  anything: an existing file or link of its name is replaced, never written through, and a
+  folder of its name is kept for a folder member and refused for any other;
+- a symbolic link's target (from the link's folder) and a hard link's (from the destination,
+  as tar names it) are relative and inside the destination; a hard link's must be a file
+  unpacked before it;
+- only files, folders and links: devices and FIFOs are refused;
+- permissions as `data` sets them: no setuid, setgid or sticky bit, no group or other write,
+  owner read and write, execute for all only when the owner has it; folders get the default
+  mode; the owner is whoever unpacks.
+
+When every member is on disk, every symbolic link is followed once more: a link whose target
+did not exist yet when it was made may lead out through links made after it, and the code run
+from the folder would follow it there.
+
+Links are followed here, one name at a time, not by os.path.realpath: realpath answers with the
+rest of a path unresolved once a name gets too long, which is how archives got past the `data`
+filter itself (CPython gh-135034). Here any error but a name that does not exist yet refuses
+the member.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import tarfile
+from pathlib import Path
+
+MAX_LINKS = 40  # as many links as the kernel follows in one path before ELOOP
+
+SPECIAL_KINDS = {tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device",
+                 tarfile.FIFOTYPE: "FIFO"}
+
+
+class RefusedMember(Exception):
+    """A member the archive may not unpack: its name and why, in words for the user."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"member {name!r} {reason}")
+        self.name, self.reason = name, reason
+
+
+def extract(archive: Path, destination: Path) -> None:
+    """Unpack `archive` into the existing folder `destination`, member by member; raises
+    RefusedMember at the first member that breaks the rules above (what came before it stays
+    on disk: the caller unpacks into a folder of its own and removes it)."""
+    root = os.path.realpath(destination)
+    links = []
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            try:
+                path = place(tar, member, root)
+            except OSError as error:
+                raise RefusedMember(member.name, "cannot be followed or written: "
+                                    f"{error.strerror or error}") from None
+            if member.issym():
+                links.append((member.name, path))
+    for name, path in links:
+        try:
+            target = resolve(root, os.path.relpath(path, root))
+        except OSError as error:
+            raise RefusedMember(name, f"cannot be followed: {error.strerror}") from None
+        if not inside(target, root):
+            raise RefusedMember(name, "is a symbolic link that leads outside the folder, to "
+                                f"{shown(target, root)}, once the members after it are unpacked")
+
+
+def place(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> str:
+    """Check one member against the disk and write it under `root`; returns its path."""
+    name = member.name
+    if name.startswith("/"):
+        raise RefusedMember(name, "has an absolute name; name members relative to the "
+                            "archive's folder")
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        kind = SPECIAL_KINDS.get(member.type, f"member of tar type {member.type!r}")
+        raise RefusedMember(name, f"is a {kind}; only files, folders and links can be unpacked")
+    if member.isdir():
+        path = resolve(root, name)
+        refuse_outside(name, path, root)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise RefusedMember(name, "is a folder where a file of that name was unpacked "
+                                "before it")
+        os.makedirs(path, exist_ok=True)
+        return path
+    parent, _, base = name.rstrip("/").rpartition("/")
+    if base in ("", ".", ".."):
+        raise RefusedMember(name, "is not a folder but has a folder's name")
+    folder = resolve(root, parent)
+    path = os.path.join(folder, base)
+    refuse_outside(name, path, root)
+    source = link_source(member, folder, root)
+    os.makedirs(folder, exist_ok=True)
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise RefusedMember(name, "would replace the folder of that name unpacked before it")
+    if os.path.lexists(path):
+        os.unlink(path)
+    if member.issym():
+        os.symlink(member.linkname, path)
+    elif member.islnk():
+        os.link(source, path, follow_symlinks=False)
+    else:
+        write_file(tar, member, path)
+    return path
+
+
+def link_source(member: tarfile.TarInfo, folder: str, root: str) -> str | None:
+    """Where a link member leads (a symbolic link from its folder, a hard link from the
+    destination), refused when absolute or outside; None for other members."""
+    if not (member.issym() or member.islnk()):
+        return None
+    kind = "symbolic" if member.issym() else "hard"
+    if member.linkname.startswith("/"):
+        raise RefusedMember(member.name, f"is a {kind} link to the absolute path "
+                            f"{member.linkname!r}; links must be relative and stay inside")
+    source = resolve(folder if member.issym() else root, member.linkname)
+    if not inside(source, root):
+        raise RefusedMember(member.name, f"is a {kind} link to {member.linkname!r}, which "
+                            f"leads outside the folder, to {shown(source, root)}")
+    if member.islnk() and not os.path.isfile(source):
+        raise RefusedMember(member.name, f"is a hard link to {member.linkname!r}, which is "
+                            "not a file unpacked before it")
+    return source
+
+
+def write_file(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
+    """A new regular file at `path` (never through a link), with the `data` filter's mode."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "wb") as target, tar.extractfile(member) as content:
+        shutil.copyfileobj(content, target)
+        os.fchmod(descriptor, data_mode(member.mode))
+        os.utime(descriptor, (member.mtime, member.mtime))
+
+
+def data_mode(mode: int) -> int:
+    """A file's mode as the `data` filter sets it: no setuid, setgid, sticky bit or group and
+    other write; read and write for the owner; execute for all only if the owner had it."""
+    mode &= 0o755
+    if not mode & stat.S_IXUSR:
+        mode &= ~0o111
+    return mode | stat.S_IRUSR | stat.S_IWUSR
+
+
+def resolve(start: str, relative: str) -> str:
+    """`start` joined with `relative`, every symbolic link on disk along the way followed as
+    the kernel would. A name that does not exist (yet) is taken as it is, so the answer is
+    where a write would land. Raises OSError where the kernel would fail to follow (a loop, a
+    name too long, a file used as a folder) instead of answering with a half-resolved path."""
+    path = start
+    pending = relative.split("/")[::-1]
+    followed = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            path = os.path.dirname(path)
+            continue
+        candidate = os.path.join(path, part)
+        if not is_link(candidate):
+            path = candidate
+            continue
+        followed += 1
+        if followed > MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), candidate)
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            path = "/"
+        pending.extend(target.split("/")[::-1])
+    return path
+
+
+def is_link(path: str) -> bool:
+    """Whether `path` is a symbolic link; False when it does not exist, OSError otherwise."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def refuse_outside(name: str, path: str, root: str) -> None:
+    if not inside(path, root):
+        raise RefusedMember(name, f"would land outside the folder, at {shown(path, root)}")
+
+
+def shown(path: str, root: str) -> str:
+    """Where a path leads, relative to the folder (`../x`), for messages."""
+    return os.path.relpath(path, root)
