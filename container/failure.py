@@ -13,6 +13,13 @@ boilerplate. Two sources feed it:
 A host that vanished or could not be reached over ssh is a cluster failure; a rank that
 died without a report (killed by a signal, `os._exit`) is a rank failure with mpirun's code.
 Everything here is pure text processing, so it is tested against real mpirun output.
+
+The budget, in bytes: a rank's report holds at most job.protocol.REPORT_LIMIT (600) bytes of
+error, whose type, user's file and line and hint are never cut; `summarize` puts the failing
+rank, host and exit code (and TensorFlow's silent worker) before it and `relayed` a worker's
+leader after it, about 200 bytes with SageMaker's host names (`algo-12`), so a report reaches
+the file whole. Whatever is longer still (a watchdog's reason over many ranks, a quoted
+stderr line) loses its middle in `write_failure`, never its start or end.
 """
 
 from __future__ import annotations
@@ -20,11 +27,11 @@ from __future__ import annotations
 import re
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from job.paths import MlPaths
-from job.protocol import FailureKind, RankFailure, exit_code, parse_rank_failure
+from job.protocol import FailureKind, RankFailure, elide, exit_code, parse_rank_failure
 
 FAILURE_LIMIT = 1024
 
@@ -174,17 +181,27 @@ def _last_error(log: OutputLog, rank: int) -> str:
     return f": {error}" if error else ""
 
 
+def relayed(outcome: Outcome, host: str, leader: str) -> Outcome:
+    """A worker's copy of the leader's outcome: the root cause first, since SageMaker may show
+    any host's failure file, then which host relayed it."""
+    if outcome.kind is None:
+        return outcome
+    return replace(
+        outcome, reason=f"{outcome.reason} (reported to {host} by the leader {leader})")
+
+
 def write_failure(paths: MlPaths, message: str) -> None:
-    """Write the reason SageMaker shows; the limit is SageMaker's, so cut to it.
+    """Write the reason SageMaker shows; the limit is SageMaker's, so cut to it, keeping the
+    start (the root cause) and the end (where, the hint, who relayed it).
 
     A failure file that cannot be written (read-only or full disk) must not change the job's
     exit code: the reason goes to stderr, which SageMaker keeps in the job's log.
     """
-    encoded = message.encode()[:FAILURE_LIMIT].decode(errors="ignore")
+    text = elide(message, FAILURE_LIMIT)
     temporary = paths.failure_file.with_suffix(".tmp")
     try:
         paths.output_dir.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(encoded)
+        temporary.write_text(text, encoding="utf-8")
         temporary.replace(paths.failure_file)
     except OSError as error:
         print(f"launcher: cannot write the failure file {paths.failure_file} "

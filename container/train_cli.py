@@ -52,7 +52,7 @@ from pathlib import Path
 from container import network, source_dir, sshd
 from container.coordination import Leader, follow_leader
 from job.errors import TrainError
-from container.failure import Outcome, write_failure
+from container.failure import Outcome, relayed, write_failure
 from container.init import become_init
 from job.validated import validate_hyperparameters
 from job.paths import DEFAULT_ML_ROOT, MlPaths
@@ -249,11 +249,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
             sshd.stop(process)
     print(f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}",
           flush=True)
-    if outcome.kind is None:
-        return outcome
-    # The root cause first: SageMaker may show any host's failure file.
-    return Outcome(outcome.kind, f"{outcome.reason} (reported to {cluster.current_host} by "
-                   f"the leader {cluster.leader})", outcome.exit_code)
+    return relayed(outcome, cluster.current_host, cluster.leader)
 
 
 if __name__ == "__main__":

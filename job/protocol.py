@@ -10,6 +10,8 @@ its tag (`[1,0]<stdout>:`), so every parser here searches inside a line. The lin
     TRAIN-PROGRESS step=412                                  a rank finished a step (or a
                                                              script's heartbeat); the
                                                              launcher's watchdog reads these
+    TRAIN-ACTIVE cpu=0.93                                    a rank computed (cores of CPU
+                                                             over its last pulse; on stderr)
 
 The failure report carries the kind of failure (`FailureKind`), so a configuration or data
 error raised inside a rank ends the job with the configuration exit code on every host, and
@@ -28,12 +30,20 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from job.hints import hint_for
+
 METRICS_PREFIX = "METRICS"
 FAILURE_MARKER = "TRAIN-FAILURE"
 STOPPED_MARKER = "TRAIN-STOPPED"
 TIME_MARKER = "TRAIN-MARK"
 PROGRESS_MARKER = "TRAIN-PROGRESS"
-REPORT_LIMIT = 600  # characters of the error in a failure report
+ACTIVE_MARKER = "TRAIN-ACTIVE"
+# Bytes of the error in a failure report: SageMaker shows 1024 bytes of the failure file, and
+# container.failure adds the failing host, rank and exit code before it (and a worker the
+# leader's name after it) within the rest.
+REPORT_LIMIT = 600
+SOURCE_LIMIT = 120  # bytes of the failing source line quoted in a report
+ELISION = " ... "  # marks the middle of a text cut to fit
 
 
 class FailureKind(Enum):
@@ -91,6 +101,20 @@ def parse_progress(line: str) -> tuple[bool, int | None]:
     """(is it a progress line, the step it names) of a line, maybe tagged."""
     found = _PROGRESS.search(line)
     return (True, int(found["step"]) if found["step"] else None) if found else (False, None)
+
+
+def active_line(cores: float) -> str:
+    """A rank's pulse: it used `cores` of CPU on average since its last pulse."""
+    return f"{ACTIVE_MARKER} cpu={cores:.2f}"
+
+
+_ACTIVE = re.compile(re.escape(ACTIVE_MARKER) + r" cpu=(?P<cores>\d+(?:\.\d+)?)\s*$")
+
+
+def parse_active(line: str) -> float | None:
+    """The cores of a pulse line (maybe tagged), else None."""
+    found = _ACTIVE.search(line)
+    return float(found["cores"]) if found else None
 
 
 def stopped_line(detail: str) -> str:
@@ -159,13 +183,54 @@ def rank_failure(rank: int, host: str, error: BaseException) -> RankFailure:
     An error of no declared kind is a bug in the rank's code: the report names the file and
     line it was raised at, since a bare `assert` says nothing else."""
     kind = getattr(error, "kind", None)
-    text = f"{type(error).__name__}: {error}".strip().removesuffix(":")
-    frame = None if isinstance(kind, FailureKind) else failing_frame(error)
-    if frame is not None:
-        source = f": {frame.line}" if frame.line else ""
-        text += f" (at {Path(frame.filename).name}, line {frame.lineno}{source})"
-    return RankFailure(rank, host, kind if isinstance(kind, FailureKind) else FailureKind.RANK,
-                       text.replace("\n", " ")[:REPORT_LIMIT])
+    declared = isinstance(kind, FailureKind)
+    frame = None if declared else failing_frame(error)
+    return RankFailure(rank, host, kind if declared else FailureKind.RANK,
+                       error_text(error, frame))
+
+
+def error_text(error: BaseException, frame: traceback.FrameSummary | None) -> str:
+    """`Type: message (at file.py, line N: source) Hint: ...` in at most REPORT_LIMIT bytes,
+    on one line.
+
+    The type, the place and the hint are what a user acts on, so they stay whole and the
+    message gets the bytes left; a long message (Keras prints whole tensors into its errors)
+    keeps its head, which says what failed, and its tail, which often says why. The hint is
+    looked up in the whole message, before any of it is cut.
+    """
+    name = type(error).__name__
+    message = " ".join(str(error).split())
+    hint = hint_for(f"{name}: {message}")
+    tail = (_location(frame) if frame else "") + (f" Hint: {hint}" if hint else "")
+    if not message:
+        return name + tail
+    room = REPORT_LIMIT - len(f"{name}: {tail}".encode(errors="replace"))
+    return f"{name}: {elide(message, room)}{tail}"
+
+
+def _location(frame: traceback.FrameSummary) -> str:
+    source = " ".join((frame.line or "").split())
+    quoted = f": {elide(source, SOURCE_LIMIT)}" if source else ""
+    return f" (at {Path(frame.filename).name}, line {frame.lineno}{quoted})"
+
+
+def elide(text: str, limit: int) -> str:
+    """`text` in at most `limit` bytes of UTF-8: whole when it fits, else its head and its
+    tail around ELISION, cut between characters.
+
+    Bytes, since SageMaker's limit is in bytes and non-ASCII messages are common; both ends,
+    since the start of a reason names what failed and its end where and why. A character
+    UTF-8 cannot hold (a lone surrogate from a file name) becomes "?".
+    """
+    encoded = text.encode(errors="replace")
+    if len(encoded) <= limit:
+        return encoded.decode()
+    room = limit - len(ELISION)
+    if room <= 0:
+        return encoded[:max(limit, 0)].decode(errors="ignore")
+    head = encoded[:room - room // 2].decode(errors="ignore")
+    tail = encoded[len(encoded) - room // 2:].decode(errors="ignore")
+    return f"{head}{ELISION}{tail}"
 
 
 _FAILURE = re.compile(re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d+) host=(?P<host>\S+) "

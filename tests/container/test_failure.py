@@ -1,9 +1,10 @@
 """Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
 
 from job.errors import ConfigError
-from container.failure import FAILURE_LIMIT, Outcome, OutputLog, summarize, write_failure
+from container.failure import (FAILURE_LIMIT, Outcome, OutputLog, relayed, summarize,
+                               write_failure)
 from job.paths import MlPaths
-from job.protocol import FailureKind, rank_failure
+from job.protocol import ELISION, REPORT_LIMIT, FailureKind, rank_failure
 
 HOSTS = ["algo-1", "algo-2"]
 
@@ -93,12 +94,44 @@ def test_openmpis_first_framed_message_is_the_reason_not_its_closing_dashes():
         "schemes reported that they were able", 1)
 
 
-def test_failure_file_is_cut_to_what_sagemaker_shows(tmp_path):
+def test_failure_file_is_cut_to_what_sagemaker_shows_keeping_its_start_and_end(tmp_path):
     paths = MlPaths(tmp_path)
-    write_failure(paths, "é" * 2000)
-    text = paths.failure_file.read_text()
-    assert len(text.encode()) <= FAILURE_LIMIT and text == "é" * 512
+    write_failure(paths, "no progress for 300 s: " + "é" * 2000 + " (reported to algo-2 by "
+                  "the leader algo-1)")
+    text = paths.failure_file.read_text(encoding="utf-8")
+    # A cut between characters leaves at most 3 bytes unused on each side of the marker.
+    assert FAILURE_LIMIT - 6 <= len(text.encode()) <= FAILURE_LIMIT
+    assert text.startswith("no progress for 300 s: éé")
+    assert text.endswith("éé (reported to algo-2 by the leader algo-1)")
+    assert text.count(ELISION) == 1
     assert not list(paths.output_dir.glob("*.tmp"))
+
+
+def test_a_long_rank_error_reaches_every_hosts_file_whole():
+    """The longest reason a rank's report makes: TensorFlow's silent worker, the failing rank,
+    a report of REPORT_LIMIT bytes and a worker's relay, with SageMaker's host names of a job
+    of thousands of ranks and SDK 2 local mode's (`algo-1-x7k2p`): nothing is cut."""
+    hosts = ["algo-1-x7k2p", "algo-1000-x7k2p"]
+    error = ValueError("ü" * 3000)
+    report = rank_failure(9999, hosts[1], error)
+    assert REPORT_LIMIT - 6 <= len(report.error.encode()) <= REPORT_LIMIT
+    log = log_of(f"[1,9999]<stderr>:The following tasks are unhealthy (stopped sending "
+                 f"heartbeats):\n[1,9999]<stderr>:/job:worker/replica:0/task:9998\n"
+                 f"[1,9999]<stderr>:{report.line()}\n")
+    outcome = relayed(summarize(log, 255, lambda rank: hosts[1]), hosts[0], hosts[1])
+    assert outcome.reason.startswith("TensorFlow worker 9998 (rank 9998 on host "
+                                     "algo-1000-x7k2p) stopped sending heartbeats")
+    assert outcome.reason.endswith(f"{report.error} (reported to algo-1-x7k2p by the leader "
+                                   f"algo-1000-x7k2p)")
+    assert len(outcome.reason.encode()) <= FAILURE_LIMIT
+
+
+def test_a_worker_relays_a_failure_after_its_root_cause_and_a_success_as_it_is():
+    failed = Outcome.failed(FailureKind.RANK, "rank 1 on host algo-1 failed (exit code 1): X", 1)
+    assert relayed(failed, "algo-2", "algo-1") == Outcome(
+        FailureKind.RANK, "rank 1 on host algo-1 failed (exit code 1): X (reported to algo-2 by "
+        "the leader algo-1)", 1)
+    assert relayed(Outcome.success(), "algo-2", "algo-1") == Outcome.success()
 
 
 def test_a_failure_file_on_a_full_or_broken_disk_is_reported_on_stderr(tmp_path, capsys):
