@@ -28,7 +28,9 @@ What it does, on every host of the job:
    else the rank's own). <ml-root>/output/failure starts with the root cause on every host:
    the failing host, rank and that rank's error.
 6. SIGTERM: forwarded to the ranks, which save a checkpoint and stop; see
-   container.supervisor. Exit code 0 = Completed, anything else = Failed.
+   container.supervisor. Exit code 0 = Completed, anything else = Failed. A script-mode
+   job that completes with an empty model folder is warned about, on the leader, in the log
+   and in <ml-root>/output/data (container.empty_model).
 7. No progress for `progress_timeout` seconds: every rank's stack to the log, the job stops
    and fails as hung (exit code 4) on every host; see container.watchdog.
 """
@@ -46,10 +48,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
-from container import network, source_dir, sshd
+from container import empty_model, network, source_dir, sshd
 from container.coordination import Leader, follow_leader
 from job.errors import TrainError
 from container.failure import Outcome, relayed, write_failure
@@ -109,7 +112,10 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
         log_plan(plan)
+        started = time.time()
         outcome = execute(plan, runtime)
+        if outcome.exit_code == 0 and plan.job.program and plan.cluster.is_leader:
+            empty_model.warn_if_empty(paths, since=started)
     except TrainError as error:
         outcome = Outcome.failed(error.kind, str(error))
     except Exception as error:  # a bug here, not the user's: say so, with the traceback in the log
