@@ -14,7 +14,6 @@ SM_CURRENT_HOST, and checks the placement against OpenMPI's local rank at start.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -25,7 +24,7 @@ from job.hyperparameters import decode
 from job.validated import JobHyperparameters, submit_directory
 from job.launch_config import LaunchConfig
 from job.sagemaker_config import JobConfig
-from container.sshd import SshFiles, ssh_client_args
+from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
 from job.rank_job import RankJob
 from job.source_code import SDK_CHANNELS
@@ -185,7 +184,6 @@ PER_HOST_NAMES = frozenset({"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "
                             "NVIDIA_VISIBLE_DEVICES"})
 PER_HOST_PREFIXES = ("SSH_", "OMPI_", "PMIX_", "OPAL_", "PRTE_", "ORTE_", "HYDRA_", "TRAIN_",
                      "SM_")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -194,12 +192,16 @@ def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
     Ranks on other hosts start from an ssh session, which keeps none of the container's
     environment, so without this a job's `environment=` (credentials, the region, a user's
     settings) reached only the leader's ranks. AWS's toolkit passes the whole environment;
-    so do we, minus what belongs to one host, and by name, so that values (secrets among
-    them) never appear in the logged command.
+    so do we, by name, so that values (secrets among them) never appear in the logged
+    command, minus what belongs to one host: what ssh, OpenMPI and the launcher set on each
+    host, and the credentials and metadata endpoints of each host's own container, which
+    every host's sshd sets in its sessions with that host's values (container.sshd); the
+    leader's ranks inherit the leader's from mpirun.
     """
     return tuple(sorted(name for name in environ
-                        if _NAME.fullmatch(name) and name not in PER_HOST_NAMES
-                        and not name.startswith(PER_HOST_PREFIXES)))
+                        if VARIABLE_NAME.fullmatch(name) and name not in PER_HOST_NAMES
+                        and not name.startswith(PER_HOST_PREFIXES)
+                        and not is_host_own(name)))
 
 
 def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,

@@ -6,14 +6,22 @@ then runs its own sshd on the job's port, bound to its own cluster address, that
 that key for root (no passwords, no keyboard-interactive, no forwarding). Each host's sshd gets
 a fresh host key too, which the workers send back, so mpirun's ssh checks host keys strictly
 against a known_hosts file holding exactly the cluster's hosts.
+
+The sessions each sshd starts (the MPI daemon that starts this host's ranks) get this host's
+own values of the variables that describe its container, not the job (HOST_OWN_NAMES,
+HOST_OWN_PREFIXES): mpirun on the leader hands every other variable to every rank by name
+(container.plan), with the leader's values, which for these would be the leader's.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from job.errors import PlatformError
 
@@ -37,6 +45,60 @@ PrintMotd no
 MaxStartups 64:30:256
 LogLevel ERROR
 """
+
+# What describes one container: SageMaker gives each instance its own endpoint for the
+# credentials of the job's role and its own ECS container metadata endpoints. botocore's
+# ContainerProvider reads the four AWS_CONTAINER_* names (the other AWS SDKs read the same);
+# ECS_CONTAINER_METADATA_URI, ECS_CONTAINER_METADATA_URI_V4 and the other ECS_* variables
+# are the container agent's, each naming this container.
+HOST_OWN_NAMES = frozenset({"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+                            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"})
+HOST_OWN_PREFIXES = ("ECS_",)
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what a shell takes as a name
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def is_host_own(name: str) -> bool:
+    """Whether a variable holds this host's own value, which no other host's ranks may get."""
+    return name in HOST_OWN_NAMES or name.startswith(HOST_OWN_PREFIXES)
+
+
+def session_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The host-own variables of `environ` that sshd can set in its sessions, and why each
+    other one cannot: sshd_config holds a setting on one line, so a value with a line break
+    or another control character cannot be written there (no endpoint or token has one), and
+    a name a shell would not take could not reach the ranks anyway."""
+    values: dict[str, str] = {}
+    skipped = []
+    for name in sorted(filter(is_host_own, environ)):
+        if not VARIABLE_NAME.fullmatch(name):
+            skipped.append(f"{name!r}: the name is not a variable name a shell accepts")
+        elif _CONTROL.search(environ[name]):
+            skipped.append(f"{name}: its value holds a line break or another control "
+                           "character, which sshd_config cannot hold")
+        else:
+            values[name] = environ[name]
+    return values, skipped
+
+
+def setenv_line(values: Mapping[str, str]) -> str:
+    """`SetEnv "NAME=value" ...`, the sshd_config setting for `values`, or nothing for none.
+    sshd reads only the first SetEnv line, and splits it into words as ssh_config does:
+    double quotes keep spaces and `#`, and a backslash escapes a quote or a backslash."""
+    words = ['"' + f"{name}={value}".replace("\\", "\\\\").replace('"', '\\"') + '"'
+             for name, value in values.items()]
+    return f"SetEnv {' '.join(words)}\n" if words else ""
+
+
+def sshd_config(runtime: Path, *, address: str, port: int, environ: Mapping[str, str]
+                ) -> tuple[str, list[str]]:
+    """This job's sshd_config on this host, with the host-own variables of `environ` set in
+    its sessions, and why any of them is left out."""
+    values, skipped = session_environment(environ)
+    return (SSHD_CONFIG.format(port=port, address=address, runtime=runtime)
+            + setenv_line(values), skipped)
 
 
 @dataclass(frozen=True)
@@ -101,14 +163,19 @@ def make_client_key(files: SshFiles) -> str:
 
 def start_sshd(files: SshFiles, *, address: str, port: int,
                authorized_key: str) -> tuple[subprocess.Popen, str]:
-    """Start sshd for this job; returns the process and this host's public host key."""
+    """Start sshd for this job, its sessions given this host's own values of the host-own
+    variables (from this process's environment); returns the process and this host's public
+    host key."""
     host_public_key = _keygen(files.host_key)
     authorized = files.runtime / "authorized_keys"
     authorized.write_text(
         f"restrict {authorized_key}\n")
     authorized.chmod(0o600)
+    text, skipped = sshd_config(files.runtime, address=address, port=port, environ=os.environ)
+    for reason in skipped:
+        print(f"launcher: the ranks this host's sshd starts do not get {reason}", flush=True)
     config = files.runtime / "sshd_config"
-    config.write_text(SSHD_CONFIG.format(port=port, address=address, runtime=files.runtime))
+    config.write_text(text, encoding="utf-8", errors="surrogateescape")  # the values' own bytes
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory
     sshd = _require("sshd")
     check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)

@@ -165,9 +165,15 @@ def test_script_mode_refuses_a_program_outside_the_code_folder(tmp_path, program
 def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_host():
     """Ranks on other hosts start from ssh, which keeps none of the container's environment:
     the job's own variables travel by name (`-x NAME`, so no value is logged), except those
-    that describe one host, process or rank."""
+    that describe one host, process or rank, and the credentials and metadata endpoints of
+    the leader's own container (each host's sshd gives its ranks its own)."""
     environ = {**ENV, "USER_SETTING": "on", "AWS_REGION": "eu-west-1",
-               "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/x", "HOSTNAME": "ip-10",
+               "AWS_ACCESS_KEY_ID": "AKIA", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/x",
+               "AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1/credentials",
+               "AWS_CONTAINER_AUTHORIZATION_TOKEN": "token",
+               "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": "/var/run/token",
+               "ECS_CONTAINER_METADATA_URI": "http://169.254.170.2/v3/x",
+               "ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/x", "HOSTNAME": "ip-10",
                "SSH_CONNECTION": "a b", "OMPI_MCA_foo": "1", "SM_CURRENT_HOST": "algo-1",
                "TRAIN_ML_ROOT": "/elsewhere", "BASH_FUNC_f%%": "() { :; }",
                "NCCL_SOCKET_IFNAME": "eth9"}  # the launcher sets that one itself
@@ -178,8 +184,8 @@ def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_ho
                           environ=environ).mpirun
     forwarded = [two_hosts[i + 1] for i, token in enumerate(two_hosts)
                  if token == "-x" and "=" not in two_hosts[i + 1]]
-    assert forwarded == ["AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_REGION", "USER_SETTING"]
-    assert "/v2/credentials/x" not in " ".join(two_hosts)
+    assert forwarded == ["AWS_ACCESS_KEY_ID", "AWS_REGION", "USER_SETTING"]
+    assert "AKIA" not in " ".join(two_hosts)
     one = job(["algo-1"], "algo-1")
     one_host = make_plan(one, validate_hyperparameters(one.hyperparameters, environ),
                          gpu_count=0, python=PYTHON, runtime=Path("/run/job"),

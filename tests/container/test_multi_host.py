@@ -21,11 +21,15 @@ from tests.conftest import TRAIN, failure_of
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
 # The job's environment as SageMaker gives it to every container (Estimator(environment=...),
-# the credentials endpoint of the job's role, the region).
-JOB_ENV = {"USER_SETTING": "on every host", "AWS_REGION": "eu-west-1",
-           "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/job-role"}
+# the region), and what it gives each instance of its own: the endpoint of the job role's
+# credentials for this instance, the container's metadata endpoint.
+JOB_ENV = {"USER_SETTING": "on every host", "AWS_REGION": "eu-west-1"}
+HOST_ENV = {host: {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": f"/v2/credentials/role-of-{host}",
+                   "ECS_CONTAINER_METADATA_URI_V4": f"http://169.254.170.2/v4/task-of-{host}"}
+            for host in HOSTS}
+NAMES = sorted([*JOB_ENV, *HOST_ENV[HOSTS[0]]])
 
-PROBE = f"JOB_ENV = {sorted(JOB_ENV)!r}\n" + '''
+PROBE = f"NAMES = {NAMES!r}\n" + '''
 import json, os, socket
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -34,7 +38,7 @@ total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().
 out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank{hvd.rank()}.json")
 json.dump({"host": os.environ["SM_CURRENT_HOST"], "ssh": os.environ.get("SSH_CONNECTION"),
            "sum": total, "cwd": os.getcwd(),
-           "env": {name: os.environ.get(name) for name in JOB_ENV}}, open(out, "w"))
+           "env": {name: os.environ.get(name) for name in NAMES}}, open(out, "w"))
 '''
 
 
@@ -66,7 +70,8 @@ def runtime_of(launcher_pid):
 
 def test_a_job_crosses_hosts_over_ssh(cluster):
     roots = cluster({}, "probe.py", PROBE)
-    worker, leader = start(roots["127.0.0.2"], JOB_ENV), start(roots["127.0.0.1"], JOB_ENV)
+    worker = start(roots["127.0.0.2"], {**JOB_ENV, **HOST_ENV["127.0.0.2"]})
+    leader = start(roots["127.0.0.1"], {**JOB_ENV, **HOST_ENV["127.0.0.1"]})
     leader_output = leader.communicate(timeout=240)[0]
     worker_output = worker.communicate(timeout=30)[0]
     assert leader.returncode == 0, leader_output[-3000:]
@@ -78,9 +83,11 @@ def test_a_job_crosses_hosts_over_ssh(cluster):
     assert [r["host"] for r in ranks] == HOSTS
     assert ranks[0]["ssh"] is None and ranks[1]["ssh"] is not None  # rank 1 came over ssh
     assert ranks[0]["sum"] == ranks[1]["sum"] == [3.0]
-    assert ranks[0]["env"] == ranks[1]["env"] == JOB_ENV  # on the worker's rank too
+    for rank, host in zip(ranks, HOSTS):  # the job's on every host, each host's own
+        assert rank["env"] == {**JOB_ENV, **HOST_ENV[host]}
     assert ranks[1]["cwd"] == str(roots["127.0.0.1"] / "code")
-    assert "/v2/credentials/job-role" not in leader_output  # forwarded by name, never logged
+    assert "on every host" not in leader_output  # forwarded by name, never logged
+    assert "/v2/credentials/" not in leader_output + worker_output
 
 
 def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
