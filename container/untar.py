@@ -7,16 +7,16 @@ on disk change where later names lead (`l1 -> .`, `l2 -> l1/..`, then `l2/x` is 
 the folder's parent). So each member is checked just before it is written, against the disk as
 the members before it left it:
 
-- its name is relative, and the folder it goes into, with every link on disk along the way
-  followed, is inside the destination; the member is then created there without following
-  anything: an existing file or link of its name is replaced, never written through, and a
-  folder of its name is kept for a folder member and refused for any other;
+- its name is relative, and where it lands, with every link on disk along the way followed,
+  is inside the destination. A file or link is then created there without following anything:
+  an existing file or link of its name is replaced, never written through, and a folder of its
+  name is refused. A folder is made unless one (or a link to one inside) is already there;
 - a symbolic link's target (from the link's folder) and a hard link's (from the destination,
   as tar names it) are relative and inside the destination; a hard link's must be a file
   unpacked before it;
 - only files, folders and links: devices and FIFOs are refused;
 - permissions as `data` sets them: no setuid, setgid or sticky bit, no group or other write,
-  owner read and write, execute for all only when the owner has it; folders get the default
+  owner read and write, execute bits kept only when the owner has one; folders get the default
   mode; the owner is whoever unpacks.
 
 When every member is on disk, every symbolic link is followed once more: a link whose target
@@ -62,9 +62,9 @@ def extract(archive: Path, destination: Path) -> None:
         for member in tar:
             try:
                 path = place(tar, member, root)
-            except OSError as error:
+            except (OSError, OverflowError) as error:  # OverflowError: a time_t out of range
                 raise RefusedMember(member.name, "cannot be followed or written: "
-                                    f"{error.strerror or error}") from None
+                                    f"{getattr(error, 'strerror', None) or error}") from None
             if member.issym():
                 links.append((member.name, path))
     for name, path in links:

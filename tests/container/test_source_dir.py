@@ -400,3 +400,14 @@ def test_a_refused_archive_leaves_the_code_folder_as_it_was(make_job, tmp_path):
     assert sorted(path.name for path in root.iterdir()) == before
     assert [path.name for path in (root / "code").iterdir()] == ["train.py"]
     assert (root / "code" / "train.py").read_text() == "earlier code\n"
+
+
+def test_a_time_out_of_range_is_refused_naming_the_member(tmp_path):
+    member = tarfile.TarInfo("train.py")
+    member.size, member.mtime = 1, 2 ** 70  # base-256 in the header; no time_t holds it
+    with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(member, io.BytesIO(b"#"))
+    (tmp_path / "staging").mkdir()
+    with pytest.raises(ConfigError, match="member 'train.py' cannot be followed or written: "
+                                          "timestamp out of range"):
+        extract(tmp_path / "s.tar", tmp_path / "staging", "file:///s.tar")
