@@ -183,6 +183,20 @@ RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
  && rm -rf build ./*.egg-info \
  && command -v train serve
 
+# SCRIPT_MODE=off: an image for others to run (an algorithm registered with `sagemaker-ops
+# register --no-script-mode`). `train` then runs only the built-in trainer and refuses a job's
+# own code (scripts, source directories, mpirun options, SDK 3's SourceCode) because this file
+# exists (job/validated.py BUILTIN_ONLY_MARKER): a file, not ENV, since whoever starts a job of
+# the algorithm sets its environment variables. Last, so that it reuses every layer above.
+ARG SCRIPT_MODE=on
+RUN case "${SCRIPT_MODE}" in \
+      on) ;; \
+      off) mkdir -p /etc/sagemaker-horovod-byoc \
+        && echo "SCRIPT_MODE=off: train runs only the built-in trainer" \
+           > /etc/sagemaker-horovod-byoc/builtin-trainer-only ;; \
+      *) echo "SCRIPT_MODE=${SCRIPT_MODE} is not supported. Choose between on, off." >&2; exit 1 ;; \
+    esac
+
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 EXPOSE 8080
 # Exec form: `train` / `serve` (SageMaker's argument) become PID 1 and receive SIGTERM.

@@ -21,7 +21,9 @@ What it does, on every host of the job:
    two; a worker whose leader never answers or goes silent exits 3 naming the leader.
 4. Ranks run `python -P -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
    in script mode (`sagemaker_program` / SAGEMAKER_PROGRAM), the user's script from
-   <ml-root>/code with the SM_* environment and the hyperparameters as arguments.
+   <ml-root>/code with the SM_* environment and the hyperparameters as arguments. An image
+   built with SCRIPT_MODE=off runs only the built-in trainer and refuses script mode
+   (job.validated.BUILTIN_ONLY_MARKER).
 5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's
    orte_abort_on_non_zero_status) and every host exits with the same code, decided by the kind
    of failure (job.protocol.exit_code: 2 configuration or data, 3 cluster, 143 stopped,
@@ -57,7 +59,7 @@ from container.coordination import Leader, follow_leader
 from job.errors import TrainError
 from container.failure import Outcome, relayed, write_failure
 from container.init import become_init
-from job.validated import validate_hyperparameters
+from job.validated import BUILTIN_ONLY_MARKER, validate_hyperparameters
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
 from job.protocol import FailureKind, Mark, mark_line
@@ -103,7 +105,8 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
     try:
         job = read_job_config(paths)
-        settings = validate_hyperparameters(job.hyperparameters, os.environ, job.source_code)
+        settings = validate_hyperparameters(job.hyperparameters, os.environ, job.source_code,
+                                            builtin_only=BUILTIN_ONLY_MARKER.exists())
         source_dir.prepare(job, settings.launch)
         job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
         plan = make_plan(job, settings, gpu_count=count_gpus(), python=sys.executable,

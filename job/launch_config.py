@@ -14,6 +14,10 @@ from typing import Any, Mapping
 from job.hyperparameters import hp, parse
 
 SDK_PREFIX = "sagemaker_"
+# The settings that make a job run the caller's own code: a script, an archive of it, or
+# mpirun options (`-x LD_PRELOAD=...` or an ssh agent of their choosing run anything). An image
+# built for others to run (SCRIPT_MODE=off) refuses them and its algorithm leaves them out.
+OWN_CODE = ("program", "submit_directory", "mpi_options")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ entry_script is the program, its `code` channel the submit directory, MPI's
 process_count_per_node and mpi_additional_options the launcher's settings. A hyperparameter
 given as well wins (mpi_options are joined, the hyperparameter's last, so they win per key).
 
+An image built for others to run (`docker build --build-arg SCRIPT_MODE=off`, for an
+algorithm registered with `sagemaker-ops register --no-script-mode`) carries the file
+BUILTIN_ONLY_MARKER, and the launcher then passes builtin_only=True: a job that asks to run its
+own code (a script, a submit directory, mpirun options, SDK 3's SourceCode) is refused before
+anything of it is read. The marker is a file of the image, not an environment variable or a
+hyperparameter, because whoever starts the algorithm's training job sets those.
+
 The launcher calls it before planning and the operator tool (sagemaker_ops) before a job
 is sent, so both refuse the same jobs with the same message.
 """
@@ -29,8 +36,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from job.errors import ConfigError
-from job.hyperparameters import decode, names, parse
-from job.launch_config import SDK_PREFIX, LaunchConfig, split_hyperparameters
+from job.hyperparameters import decode, describe, names, parse
+from job.launch_config import OWN_CODE, SDK_PREFIX, LaunchConfig, split_hyperparameters
 from job.paths import MlPaths
 from job.source_code import SourceCode
 from job.trainer_config import TrainerConfig
@@ -38,6 +45,9 @@ from job.trainer_config import TrainerConfig
 PROGRAM_ENV = "SAGEMAKER_PROGRAM"
 SUBMIT_ENV = "SAGEMAKER_SUBMIT_DIRECTORY"
 PROGRAM_KEY = "sagemaker_program"  # how the SDK names the script to the framework containers
+# Written by the Dockerfile's SCRIPT_MODE=off (a test keeps the two equal); outside /opt/ml,
+# where nothing of a job's input lands.
+BUILTIN_ONLY_MARKER = Path("/etc/sagemaker-horovod-byoc/builtin-trainer-only")
 
 
 @dataclass(frozen=True)
@@ -54,9 +64,13 @@ class JobHyperparameters:
 
 
 def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
-                             source: SourceCode | None = None) -> JobHyperparameters:
-    """Split and check a job's hyperparameters; ConfigError says what to change."""
+                             source: SourceCode | None = None, *,
+                             builtin_only: bool = False) -> JobHyperparameters:
+    """Split and check a job's hyperparameters; ConfigError says what to change.
+    `builtin_only`: the image runs its built-in trainer and nothing the job brings."""
     launch, user, ignored = split_hyperparameters(raw)
+    if builtin_only:
+        refuse_own_code(raw, launch, environ, source)
     if source is not None:
         launch = with_source_code(launch, source, environ)
     program = launch.program or environ.get(PROGRAM_ENV, "")
@@ -69,6 +83,26 @@ def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
     if unknown:
         raise _unknown_names(unknown)
     return JobHyperparameters(launch, "", user, ignored, trainer)
+
+
+def refuse_own_code(raw: Mapping[str, Any], launch: LaunchConfig, environ: Mapping[str, str],
+                    source: SourceCode | None) -> None:
+    """ConfigError naming each way this job asks to run code of its own, if any: the
+    hyperparameters of OWN_CODE under any of their names, SAGEMAKER_PROGRAM or
+    SAGEMAKER_SUBMIT_DIRECTORY, SDK 3's SourceCode. Empty values ask for nothing."""
+    aliases = {info["name"]: info["aliases"] for info in describe(LaunchConfig)}
+    given = [f"hyperparameter {key}" for name in OWN_CODE if getattr(launch, name)
+             for key in (name, *aliases[name]) if key in raw]
+    given += [f"environment variable {name}" for name in (PROGRAM_ENV, SUBMIT_ENV)
+              if environ.get(name)]
+    if source is not None:
+        given.append("SDK 3's source_code=SourceCode(...) (its sm_drivers channel)")
+    if given:
+        raise ConfigError(
+            f"this algorithm runs only its built-in trainer (its image was built with "
+            f"SCRIPT_MODE=off: no scripts, source directories or mpirun options of the job's "
+            f"own): leave out {', '.join(given)}; the built-in trainer takes "
+            f"{', '.join(sorted(names(TrainerConfig)))}")
 
 
 def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:

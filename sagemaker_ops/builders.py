@@ -237,6 +237,9 @@ class Algorithm:
     realtime_instance_types: tuple[str, ...] = cap.REALTIME_INSTANCE_TYPES
     transform_instance_types: tuple[str, ...] = cap.TRANSFORM_INSTANCE_TYPES
     image_digest: str = ""  # sha256:...; pins the exact image when given
+    # False: the image was built with SCRIPT_MODE=off (it refuses a job's own code), so the
+    # spec offers none of the hyperparameters that would ask for it either.
+    script_mode: bool = True
 
 
 def algorithm_request(algorithm: Algorithm) -> dict[str, Any]:
@@ -250,7 +253,7 @@ def algorithm_request(algorithm: Algorithm) -> dict[str, Any]:
                 for name, required in cap.TRAINING_CHANNELS.items()]
     training: dict[str, Any] = {
         "TrainingImage": algorithm.image,
-        "SupportedHyperParameters": supported_hyperparameters(),
+        "SupportedHyperParameters": supported_hyperparameters(algorithm.script_mode),
         "SupportedTrainingInstanceTypes": list(algorithm.training_instance_types),
         "SupportsDistributedTraining": True,
         "MetricDefinitions": metrics.definitions(),

@@ -128,7 +128,7 @@ def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
              "transform_instance_types": args.transform_instance_type}
     return dataclasses.replace(
         b.Algorithm(name=args.algorithm_name, image=args.image,
-                    image_digest=args.image_digest or ""),
+                    image_digest=args.image_digest or "", script_mode=args.script_mode),
         **{key: value if isinstance(value, str) else tuple(value)
            for key, value in given.items() if value})
 
@@ -261,6 +261,9 @@ def parser() -> argparse.ArgumentParser:
                           help="replaces the default list (repeatable)")
     register.add_argument("--realtime-instance-type", action="append")
     register.add_argument("--transform-instance-type", action="append")
+    register.add_argument("--no-script-mode", dest="script_mode", action="store_false",
+                          help="for an image built with SCRIPT_MODE=off: offer no "
+                          "program, submit_directory or mpi_options hyperparameter")
     _common(register)
 
     deploy = verbs.add_parser("deploy", help="model + endpoint config + endpoint")

@@ -13,7 +13,10 @@ and the built-in trainer's `TrainerConfig` (what is trained). Both are declared 
   keys (the SDK adds several), which the launcher ignores.
 - `supported_hyperparameters` turns `describe(...)` into CreateAlgorithm's
   SupportedHyperParameters: int -> Integer, float -> Continuous (both with their declared
-  range), str with choices and bool -> Categorical, any other str -> FreeText.
+  range), str with choices and bool -> Categorical, any other str -> FreeText. Without script
+  mode (an image built with SCRIPT_MODE=off) the launcher's settings that run the job's own
+  code (`OWN_CODE`: program, submit_directory, mpi_options) are left out: the image refuses
+  them, so the algorithm does not offer them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Mapping
 
 from job.hyperparameters import describe, encode
 from job.validated import validate_hyperparameters
-from job.launch_config import LaunchConfig
+from job.launch_config import OWN_CODE, LaunchConfig
 from job.trainer_config import TrainerConfig
 
 DESCRIPTION_LIMIT = 1024  # EntityDescription's maximum in the SageMaker API
@@ -53,10 +56,13 @@ def _shorten(text: str) -> str:
     return text if len(text) <= DESCRIPTION_LIMIT else text[:DESCRIPTION_LIMIT - 1] + "…"
 
 
-def supported_hyperparameters() -> list[dict[str, Any]]:
-    """SupportedHyperParameters: the trainer's (tunable) then the launcher's (not tunable)."""
+def supported_hyperparameters(script_mode: bool = True) -> list[dict[str, Any]]:
+    """SupportedHyperParameters: the trainer's (tunable) then the launcher's (not tunable),
+    without those of OWN_CODE when the algorithm runs no code of the job's own."""
+    left_out = () if script_mode else OWN_CODE
     return ([_spec(info, tunable=True) for info in describe(TrainerConfig)]
-            + [_spec(info, tunable=False) for info in describe(LaunchConfig)])
+            + [_spec(info, tunable=False) for info in describe(LaunchConfig)
+               if info["name"] not in left_out])
 
 
 def check_job_hyperparameters(raw: Mapping[str, Any],

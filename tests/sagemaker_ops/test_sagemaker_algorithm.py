@@ -10,7 +10,7 @@ from sagemaker_testing import IMAGE, botocore_accepts
 
 from job.errors import ConfigError
 from job.hyperparameters import describe, parse
-from job.launch_config import LaunchConfig
+from job.launch_config import OWN_CODE, LaunchConfig
 from sagemaker_ops import builders as b
 from sagemaker_ops import capabilities as cap
 from sagemaker_ops import cli, metrics, schema
@@ -169,3 +169,15 @@ def test_cli_register_dry_run(capsys, no_clients):
     assert step["request"]["TrainingSpecification"]["SupportedTrainingInstanceTypes"] == [
         "ml.c5.4xlarge", "ml.g5.xlarge"]
     assert step["request"]["TrainingSpecification"]["SupportedHyperParameters"] == SPECS
+
+
+def test_no_script_mode_offers_nothing_that_runs_a_buyers_code(capsys, no_clients):
+    assert cli.main(["register", "--algorithm-name", "horovod-keras", "--image", IMAGE,
+                     "--no-script-mode", "--dry-run"], make_clients=no_clients) == 0
+    [step] = json.loads(capsys.readouterr().out)
+    botocore_accepts("CreateAlgorithm", step["request"])
+    offered = [s["Name"] for s in step["request"]["TrainingSpecification"]
+               ["SupportedHyperParameters"]]
+    assert set(OWN_CODE) == {"program", "submit_directory", "mpi_options"}
+    assert offered == [s["Name"] for s in SPECS if s["Name"] not in OWN_CODE]
+    assert {"processes_per_host", "epochs", "learning_rate"} <= set(offered)
