@@ -118,7 +118,8 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
         environment=_pairs(args.env, "--env"), max_runtime_seconds=args.max_runtime,
         spot=args.spot, max_wait_seconds=args.max_wait,
         checkpoint_s3_uri=args.checkpoint_s3 or "", vpc=_vpc(args),
-        tags=_pairs(args.tag, "--tag"))
+        tags=_pairs(args.tag, "--tag"),
+        encrypt_inter_container_traffic=args.encrypt_inter_container_traffic)
 
 
 def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
@@ -248,6 +249,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-s3", metavar="S3_URI",
                        help=f"synced with {cap.CHECKPOINT_LOCAL_PATH} so restarts resume")
     train.add_argument("--tag", action="append", metavar="KEY=VALUE")
+    train.add_argument("--encrypt-inter-container-traffic", action="store_true",
+                       help="SageMaker encrypts the traffic between the job's instances "
+                       "(EnableInterContainerTrafficEncryption; slower)")
     _vpc_and_env(train)
     _common(train)
 

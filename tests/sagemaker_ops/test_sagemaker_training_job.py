@@ -190,6 +190,21 @@ def test_cli_dry_run_prints_the_request_and_makes_no_client(capsys, no_clients):
     assert request["Environment"] == {"NCCL_DEBUG": "WARN"}
 
 
+def test_cli_turns_on_inter_container_traffic_encryption(capsys, no_clients):
+    base = ARGS + ["--channel", "train=s3://my-bucket/t/", "--instance-count", "2",
+                   "--dry-run"]
+    requests = []
+    for extra in ([], ["--encrypt-inter-container-traffic"]):
+        assert cli.main(base + extra, make_clients=no_clients) == 0
+        [step] = json.loads(capsys.readouterr().out)
+        botocore_accepts("CreateTrainingJob", step["request"])
+        requests.append(step["request"])
+    plain, encrypted = requests
+    assert "EnableInterContainerTrafficEncryption" not in plain
+    assert encrypted.pop("EnableInterContainerTrafficEncryption") is True
+    assert encrypted == plain
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--channel", "train=s3://my-bucket/t/", "--instance-count", "0"], "instance count"),
     (["--channel", "trian=s3://my-bucket/t/"], "unknown channel 'trian'"),
