@@ -20,6 +20,13 @@
 # Horovod. `runtime` installs those wheels offline (bind-mounted, so the wheelhouse is not
 # copied into a layer), then the project itself last.
 #
+# Trust: the image trusts what its distribution's ca-certificates package trusts, nothing more.
+# A build machine behind a TLS-inspecting proxy hands the `wheels` stage its CA bundle for the
+# downloads only, as a build secret that no layer keeps (scripts/build_image.sh does this):
+#   --secret id=build_ca,src=/etc/ssl/certs/ca-certificates.crt --build-arg PIP_CERT=/run/secrets/build_ca
+# Without them (a laptop: plain `docker build .`) pip uses its own CA list. apt keeps the base
+# image's own trust (Debian's mirror is http, its packages signed).
+#
 # Versions have one source of truth: requirements.txt + constraints.txt (the lock). The
 # TensorFlow line there is tensorflow-cpu==X; the GPU variant installs tensorflow[and-cuda]==X.
 # Test-only tools in requirements.txt are left out of the image.
@@ -45,6 +52,9 @@ ARG PYTHON
 ARG HOROVOD_VERSION
 ARG HOROVOD_PREBUILT
 ARG DEBIAN_FRONTEND=noninteractive
+# Empty (pip's own CA list) unless the build passes the build_ca secret's path, see above. This
+# stage is only built from, never shipped, so the argument reaches no pushed image.
+ARG PIP_CERT=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Apt versions follow the base image's release (pinning them breaks when the mirror moves on).
@@ -59,7 +69,8 @@ ENV PATH=/opt/venv/bin:$PATH
 # pip/setuptools are bounded like scripts/setup.sh does; everything else is pinned by the lock
 # (-c constraints.txt), which hadolint's DL3013 cannot see.
 # hadolint ignore=DL3013
-RUN "${PYTHON}" -m venv /opt/venv \
+RUN --mount=type=secret,id=build_ca \
+    "${PYTHON}" -m venv /opt/venv \
  && pip install --no-cache-dir "pip<25" "setuptools<81" wheel
 
 WORKDIR /wheels
@@ -70,7 +81,8 @@ COPY requirements.txt constraints.txt requirements-tf.txt constraints-tf.txt \
      build/context-wheels/horovod-*.whl ./
 # image-requirements.txt = the stack's requirements minus test-only tools, TensorFlow by
 # variant; lock.txt = the stack's lock.
-RUN case "${STACK}" in \
+RUN --mount=type=secret,id=build_ca \
+    case "${STACK}" in \
       horovod) requirements=requirements.txt lock=constraints.txt cpu='tensorflow-cpu' ;; \
       tf) requirements=requirements-tf.txt lock=constraints-tf.txt cpu='tensorflow' ;; \
       *) echo "STACK=${STACK} is not supported. Choose between horovod, tf." >&2; exit 1 ;; \
@@ -89,7 +101,8 @@ RUN case "${STACK}" in \
 
 # Horovod against the very TensorFlow wheel the runtime installs (Debian's cmake, no
 # build isolation: the PyPI cmake package breaks under build isolation). The GPU variant builds the NCCL operations on the CUDA -devel base.
-RUN if [ "${STACK}" = tf ]; then echo "STACK=tf: no Horovod"; exit 0; fi \
+RUN --mount=type=secret,id=build_ca \
+    if [ "${STACK}" = tf ]; then echo "STACK=tf: no Horovod"; exit 0; fi \
  && if [ "${HOROVOD_PREBUILT}" = 1 ] && [ "${VARIANT}" = cpu ] \
       && [ -n "$(find . -maxdepth 1 -name "horovod-${HOROVOD_VERSION}-cp311-*.whl")" ]; then \
       echo "using the prebuilt $(echo horovod-*.whl)"; exit 0; \

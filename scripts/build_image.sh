@@ -11,7 +11,13 @@
 #                     wheels): the local debootstrap Debian base (made once by
 #                     scripts/make_base_image.sh, since no registry can be pulled from here);
 #                     BASE_IMAGE=debian:bookworm-slim works where a registry is reachable.
-#   BUILD_ARGS        extra arguments for `ENGINE build`
+#   BUILD_CA          a CA bundle that the build's downloads trust (default: this machine's
+#                     /etc/ssl/certs/ca-certificates.crt when there is one; none: pip's own
+#                     list). It reaches the Dockerfile's download steps as the build secret
+#                     build_ca, which no layer keeps: the image trusts only its distribution's
+#                     ca-certificates, whatever proxy this machine needs.
+#   BUILD_ARGS        extra arguments for `ENGINE build`, e.g. "--build-arg SCRIPT_MODE=off"
+#                     (an image for others: runs only the built-in trainer; docs/image.md)
 #   HOROVOD_PREBUILT  cpu from the local base: 1 (default when scripts/setup.sh cached one in
 #                     .cache/wheels) reuses the host's Horovod wheel; 0 compiles it in the build
 # Prints the image name on the last line of stdout.
@@ -53,6 +59,10 @@ if [ -n "${BASE_IMAGE:-}" ]; then
   args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "BUILD_BASE_IMAGE=${BUILD_BASE_IMAGE:-$BASE_IMAGE}")
 elif [ -n "${BUILD_BASE_IMAGE:-}" ]; then
   args+=(--build-arg "BUILD_BASE_IMAGE=$BUILD_BASE_IMAGE")
+fi
+BUILD_CA=${BUILD_CA-/etc/ssl/certs/ca-certificates.crt}
+if [ -n "$BUILD_CA" ] && [ -s "$BUILD_CA" ]; then
+  args+=(--secret "id=build_ca,src=$BUILD_CA" --build-arg PIP_CERT=/run/secrets/build_ca)
 fi
 # podman: RUN steps reach Debian's and PyPI's mirrors through the host's network; the Docker
 # image format, because the OCI format drops SHELL (the Dockerfile's bash -o pipefail).

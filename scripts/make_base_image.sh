@@ -5,10 +5,11 @@
 #
 # These machines cannot pull from any container registry, so the base is built here:
 # `debootstrap --variant=minbase bookworm` from the Debian mirror that apt already uses
-# (DEBIAN_MIRROR overrides), plus this machine's CA certificates (PyPI is reached through a
-# TLS-inspecting proxy, so pip inside builds needs them) and an /etc/pip.conf pointing pip at
-# them. `tar | ENGINE import` turns the root filesystem into an image. Needs root.
-# FORCE=1 rebuilds it.
+# (DEBIAN_MIRROR overrides); `tar | ENGINE import` turns the root filesystem into an image.
+# Nothing of this machine's trust goes in (no CA certificate, no pip config): images built on
+# it are pushed, and trust only what Debian's ca-certificates package trusts. A build that
+# downloads through this machine's TLS-inspecting proxy gets its CA bundle as a build secret
+# (scripts/build_image.sh). Needs root. FORCE=1 rebuilds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/engine.sh
@@ -47,16 +48,6 @@ echo "base image: debootstrap $SUITE from $MIRROR (about a minute)"
 debootstrap --variant=minbase "$SUITE" "$ROOTFS" "$MIRROR" >"$ROOTFS.log" 2>&1 \
   || { tail -n 30 "$ROOTFS.log" >&2; exit 1; }
 rm -f "$ROOTFS.log"
-
-# The machine's trust store: the bundle itself (dereferenced), and the local CAs where
-# update-ca-certificates will find them again when an image installs ca-certificates.
-rm -rf "$ROOTFS/etc/ssl/certs"
-mkdir -p "$ROOTFS/etc/ssl" "$ROOTFS/usr/local/share/ca-certificates"
-cp -rL /etc/ssl/certs "$ROOTFS/etc/ssl/certs"
-if compgen -G "/usr/local/share/ca-certificates/*" >/dev/null; then
-  cp -rL /usr/local/share/ca-certificates/. "$ROOTFS/usr/local/share/ca-certificates/"
-fi
-printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$ROOTFS/etc/pip.conf"
 
 # Smaller: no package caches or lists (every build runs apt-get update).
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/*
