@@ -3,6 +3,7 @@
 Modules, in the order a request meets them:
   config      settings from SageMaker's environment variables (a frozen dataclass)
   server      gunicorn: processes, threads, signals, a socket per worker (imports no Flask)
+  intake      a request gets a thread once it has all arrived, or is cut at its deadline
   host        the host's cores and GPUs: how many workers, TensorFlow's threads per worker
   worker      one worker's app, model and batcher, built after fork
   app         the Flask routes and the one mapping from exceptions to HTTP answers

@@ -9,19 +9,21 @@
 | GET /metrics               | this worker's micro-batching counters (see serve.batching)     |
 
 An invocation flows read -> decode -> validate -> predict -> encode, against one deadline:
-the request timeout, counted from its arrival. A body not all received by then gets 408 (the
-client's delay, not the server's). The body is decoded only once the worker's decode budget
-has room for it (serve.limits), and waits for the model in a bounded queue (serve.batching);
-a request that cannot be answered by its deadline gets 503 then and is never computed
-later. A request whose body is over the limit is answered 413 after its body is read and
-dropped, so that the client, still sending, is not cut off before it can read the answer.
-Every failure is an exception, and `_error_response` is the one place that turns exceptions
-into HTTP answers, all of them `{"error": "..."}`: a `RequestError` carries its own status
-and message, werkzeug's routing and size errors become 404, 405 and 413, and anything else is
-a fault of the server: a 500 whose cause is logged. Every failed request (status 400 and
-above) is logged as one JSON line (method, path, status, latency); successful ones are not:
-SageMaker already counts them and their latency (CloudWatch `Invocations`, `ModelLatency`),
-and a log line costs about 30 microseconds, a tenth of a small model's whole request.
+the request timeout, counted from its first byte (serve.intake). A body not all received by
+then gets 408 (the client's delay, not the server's), after which the connection ends (the
+intake shut its reading side at the deadline). The body is decoded only once the worker's
+decode budget has room for it (serve.limits), and waits for the model in a bounded queue
+(serve.batching); a request that cannot be answered by its deadline gets 503 then and is
+never computed later. A request whose body is over the limit is answered 413 after its body
+is read and dropped, so that the client, still sending, is not cut off before it can read the
+answer. Every failure is an exception, and `_error_response` is the one place that turns
+exceptions into HTTP answers, all of them `{"error": "..."}`: a `RequestError` carries its
+own status and message, werkzeug's routing and size errors become 404, 405 and 413, and
+anything else is a fault of the server: a 500 whose cause is logged. Every failed request
+(status 400 and above) is logged as one JSON line (method, path, status, latency);
+successful ones are not: SageMaker already counts them and their latency (CloudWatch
+`Invocations`, `ModelLatency`), and a log line costs about 30 microseconds, a tenth of a small
+model's whole request.
 
 This module imports no TensorFlow, so creating the app is instant (see serve.model).
 """
@@ -41,7 +43,8 @@ from werkzeug.exceptions import (ClientDisconnected, HTTPException, MethodNotAll
 from serve.batching import MicroBatcher, Overloaded
 from serve.codecs import decode, encode, negotiate
 from serve.config import ServeConfig
-from serve.errors import BodyTimeout, ModelUnavailable, RequestError
+from serve.errors import BadInput, BodyTimeout, ModelUnavailable, RequestError
+from serve.intake import arrived
 from serve.limits import DecodeBudget
 from serve.model import Model
 from serve.validation import validate
@@ -53,8 +56,8 @@ ROUTES = "GET /ping, POST /invocations, GET /execution-parameters, GET /metrics"
 # larger one is cut off (the client may then see the connection reset instead).
 DRAIN_LIMIT_BYTES = 256 * 1024 * 1024
 RETRY_AFTER_S = 1
-# Small enough that a client trickling its body is noticed past its deadline within a chunk,
-# large enough that a 6 MB body takes only about a hundred reads.
+# Small enough that a chunked body is refused soon after it passes the payload limit, large
+# enough that a 6 MB body takes only about a hundred reads.
 READ_CHUNK_BYTES = 64 * 1024
 
 
@@ -113,7 +116,7 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
 
     @app.before_request
     def start_clock() -> None:
-        g.started, g.arrived = time.perf_counter(), time.monotonic()
+        g.started, g.arrived = time.perf_counter(), arrived(request.environ)
 
     @app.after_request
     def log_failure(response: Response) -> Response:
@@ -165,49 +168,38 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
 
 
 def _read_body(config: ServeConfig, deadline: float) -> bytes:
-    """The request body; RequestEntityTooLarge as soon as it passes the payload limit, and
-    BodyTimeout when it has not all arrived by `deadline` (time.monotonic()).
+    """The request body; RequestEntityTooLarge as soon as it passes the payload limit;
+    BodyTimeout when it ends early at `deadline` (time.monotonic()), BadInput before.
 
     A declared Content-Length over the limit fails before anything is read (werkzeug checks
     MAX_CONTENT_LENGTH); a chunked body, which declares no length, is read until it passes it.
-    The socket waits for the client no longer than the deadline, so one that stops sending
-    frees its thread then; one that trickles holds it until a chunk is in (SageMaker's front
-    end forwards whole bodies, so on an endpoint neither happens).
+    No read here waits past the deadline: the intake (serve.intake) gives the request its
+    thread once it has all arrived, or else shuts the socket's reading side at the deadline, so
+    the body of a client that stalls or trickles ends early then. A body that ends early is
+    never decoded: under gunicorn a read returns no more at the end of the stream, whatever
+    the Content-Length said, and a CSV cut after a line would pass for a whole one.
     """
     limit = config.max_payload_bytes
-    sock = request.environ.get("gunicorn.socket")  # None outside gunicorn (tests' client)
-    prior_timeout = sock.gettimeout() if sock is not None else None
     chunks, size = [], 0
     try:
-        while chunk := _read_chunk(sock, deadline):
+        while chunk := request.stream.read(READ_CHUNK_BYTES):
             size += len(chunk)
             if limit is not None and size > limit:
                 raise RequestEntityTooLarge()
             chunks.append(chunk)
+    except ClientDisconnected:  # a failed read: a chunked body cut short, a reset connection
+        ended_early = True
+    else:
+        ended_early = request.content_length is not None and size < request.content_length
+    if not ended_early:
         return b"".join(chunks)
-    except TimeoutError:
+    if time.monotonic() >= deadline:
         raise BodyTimeout(
             f"the request body had not fully arrived {config.timeout_s} s after the request "
-            "began (SAGEMAKER_MODEL_SERVER_TIMEOUT); send it faster, or in smaller "
-            "requests") from None
-    finally:
-        if sock is not None:
-            sock.settimeout(prior_timeout)
-
-
-def _read_chunk(sock, deadline: float) -> bytes:
-    """Up to READ_CHUNK_BYTES more of the body; TimeoutError once `deadline` has passed."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise TimeoutError
-    if sock is not None:
-        sock.settimeout(remaining)
-    try:
-        return request.stream.read(READ_CHUNK_BYTES)
-    except ClientDisconnected as error:  # werkzeug's name for any failed read, timeouts too
-        if isinstance(error.__context__, TimeoutError):
-            raise TimeoutError from error
-        raise
+            "began (SAGEMAKER_MODEL_SERVER_TIMEOUT); send it faster, or in smaller requests")
+    raise BadInput(f"the request body ended after {size} bytes, before the end its "
+                   "Content-Length or chunks declare: the client stopped sending; send the "
+                   "whole body")
 
 
 def _drain_body() -> None:

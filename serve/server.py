@@ -14,10 +14,13 @@
   the reason, instead of exiting and being restarted forever.
 - Workers are gunicorn's own `gthread` workers: one process holds the model once and many
   request threads share it through the micro-batcher, which is what lets concurrent
-  requests share model calls. Only gunicorn's documented settings and server hooks are used,
-  so any gunicorn release of the current major version runs it unchanged. By default there is
-  one worker per core on CPU hosts and one per GPU on GPU hosts (serve.host); on a GPU host
-  each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set after fork).
+  requests share model calls. They are configured through gunicorn's documented settings and
+  server hooks, and their thread pool is replaced through the one override gthread offers
+  (`get_thread_pool`) by the intake (serve.intake), which gives a request a thread only once
+  it has all arrived or its deadline has passed: no setting or hook keeps a client that
+  stalls from holding a thread. By default there is one worker per core on CPU hosts and one
+  per GPU on GPU hosts (serve.host); on a GPU host each worker sees only its own GPU
+  (CUDA_VISIBLE_DEVICES, set after fork).
 - Each worker's Python threads run on one core, a different one per worker (its slot in
   WorkerSlots, which a replacement inherits); its model's threads run on every core.
 - SIGTERM stops accepting, lets in-flight requests finish and exits within
@@ -33,9 +36,11 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
+from gunicorn.workers.gthread import ThreadWorker
 
 from serve.config import ServeConfig
 from serve.host import WorkerSlots, gpu_count, worker_core
+from serve.intake import IntakePool
 from serve.logs import logging_config
 
 GRACEFUL_TIMEOUT_S = 20
@@ -50,6 +55,17 @@ class NoAccessLogger(Logger):
     microseconds) whenever a logging config is given, then drop them."""
 
     access_log_enabled = False
+
+
+class Worker(ThreadWorker):
+    """gunicorn's threaded worker, its request threads behind the intake (serve.intake): a
+    client that stalls or trickles waits for its deadline on no thread, so `/ping` and every
+    other request still find one. gunicorn's `timeout` is the request timeout
+    (gunicorn_options); a connection that has sent nothing waits its `keepalive`."""
+
+    def get_thread_pool(self) -> IntakePool:
+        return IntakePool(self.cfg.threads, request_timeout_s=self.cfg.timeout,
+                          idle_timeout_s=self.cfg.keepalive)
 
 
 def _pin_gpu(server: Any, worker: Any) -> None:
@@ -84,7 +100,7 @@ def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
         "bind": [f"0.0.0.0:{config.port}"],
         "reuse_port": True,
         "workers": config.workers,
-        "worker_class": "gthread",
+        "worker_class": Worker,
         "threads": config.threads,
         "timeout": config.timeout_s,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,

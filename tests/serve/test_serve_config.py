@@ -106,7 +106,8 @@ def test_gunicorn_settings():
     assert isinstance(slots, WorkerSlots) and options.pop("child_exit") == slots.free
     assert options.pop("post_worker_init") == server_module._pin_python
     assert options == {
-        "bind": ["0.0.0.0:9000"], "reuse_port": True, "workers": 2, "worker_class": "gthread",
+        "bind": ["0.0.0.0:9000"], "reuse_port": True, "workers": 2,
+        "worker_class": server_module.Worker,
         "threads": 16, "timeout": 30, "graceful_timeout": 20, "keepalive": 75,
         "preload_app": False, "accesslog": None, "logger_class": NoAccessLogger,
         "logconfig_dict": logging_config(), "control_socket_disable": True, "proc_name": "serve"}

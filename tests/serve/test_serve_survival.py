@@ -11,8 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -197,60 +195,6 @@ def test_many_large_bodies_at_once_are_decoded_within_the_budget(small_limit):
         peaks[counts["pid"]] = counts["decoding_peak_bytes"]
     assert max(peaks.values()) <= 2 * 1024 * 1024
     assert sum(peaks.values()) >= len(rows)  # the posts were decoded under the budget
-
-
-@pytest.fixture(scope="module")
-def short_timeout(gated_root, tmp_path_factory):
-    """One worker of two threads, a 4 s request timeout."""
-    server = Server(gated_root, tmp_path_factory.mktemp("slow") / "serve.log",
-                    SAGEMAKER_MODEL_SERVER_WORKERS="1", SERVE_THREADS="2",
-                    SAGEMAKER_MODEL_SERVER_TIMEOUT="4")
-    server.healthy()
-    yield server
-    server.stop()
-
-
-def send_slowly(server: Server, body: bytes, seconds: float,
-                stop_after: int | None = None) -> tuple[int, bytes]:
-    """POST `body` spread evenly over `seconds`, or only its first `stop_after` bytes and then
-    nothing; (status, answer's body). The client waits up to 30 s for each read, so a server
-    that held the request past its deadline until the client gave up fails the test."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Type: text/csv\r\n"
-                     b"Accept: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
-        sent = body if stop_after is None else body[:stop_after]
-        for byte in sent:
-            sock.sendall(bytes([byte]))
-            time.sleep(seconds / len(body))
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
-                answer.lower().split(b"content-length:")[1].split(b"\r\n")[0]):
-            chunk = sock.recv(65536)
-            assert chunk, f"the server closed the connection without an answer: {answer!r}"
-            answer += chunk
-    head, content = answer.split(b"\r\n\r\n", 1)
-    return int(head.split()[1]), content
-
-
-def test_a_body_sent_slowly_within_the_timeout_is_answered(short_timeout):
-    status, content = send_slowly(short_timeout, ROW.encode(), seconds=1.5)
-    assert status == 200, content
-    np.testing.assert_allclose(json.loads(content)["predictions"][0]["probabilities"],
-                               expected_probabilities([[1, 2, 3, 4]])[0], rtol=1e-5)
-
-
-def test_a_client_that_stops_sending_its_body_gets_408_at_the_deadline(short_timeout):
-    status, content = send_slowly(short_timeout, ROW.encode(), seconds=0.1, stop_after=3)
-    assert status == 408, content
-    assert "had not fully arrived 4 s after" in json.loads(content)["error"]
-    assert post(short_timeout, ROW).status_code == 200  # its thread is free again
-
-
-def test_a_body_trickling_past_the_deadline_gets_408_not_a_prediction(short_timeout):
-    status, content = send_slowly(short_timeout, ROW.encode(), seconds=6)
-    assert status == 408, content
-    assert "had not fully arrived 4 s after" in json.loads(content)["error"]
-    assert metrics(short_timeout)["timed_out"] == 0  # refused before the model's queue
 
 
 def thread_cores(pid: int) -> dict[int, set[int]]:
