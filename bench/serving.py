@@ -462,17 +462,21 @@ def slow_requests(valid: list) -> list:
 
 
 async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, bytes, bool]:
-    """Send one request and read its answer: (status, body, whether the server closes)."""
+    """Send one request and read its answer: (status, body, whether the server closes). A slow
+    client stops sending once answered: the server answers 408 at the deadline, body or not."""
+    answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
     if slow:
         head, body = request.split(b"\r\n\r\n", 1)
         writer.write(head + b"\r\n\r\n")
         for byte in body:
+            if answer.done():
+                break
             writer.write(bytes([byte]))
             await writer.drain()
             await asyncio.sleep(SLOW_BYTE_S)
     else:
         writer.write(request)
-    head = await reader.readuntil(b"\r\n\r\n")
+    head = await answer
     lower = head.lower()
     length = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
     status = int(head[9:12])
