@@ -30,10 +30,14 @@ from job.rank_job import RankJob
 from job.source_code import SDK_CHANNELS
 
 BUILTIN_CHANNELS = ("train", "validation", "weights")
-# Horovod warns about a rank that stopped joining collectives after 60 s and shuts the job
-# down after 10 minutes instead of letting it hang until SageMaker's max runtime.
-STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
-             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
+# Horovod's stall check names the ranks the others have waited for in a collective for longer
+# than its period, checking once a period (so 1-2 periods after the wait began; Horovod's
+# default period is 60 s, 30 here: a rank that never comes is named within a minute or so).
+# The launcher's watchdog reads that and decides (container.watchdog), so Horovod's own
+# shutdown of a job stalled for 10 minutes is off (0): it would also kill a leader that
+# evaluates or saves alone.
+STALL_CHECK, STALL_CHECK_SECONDS = "HOROVOD_STALL_CHECK_TIME_SECONDS", "30"
+STALL_ENV = {STALL_CHECK: STALL_CHECK_SECONDS, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"}
 # CPU-only hosts (measured in docs/performance.md, "Training"):
 # - OpenMPI busy-polls by default, so Horovod's background thread (an MPI collective every
 #   HOROVOD_CYCLE_TIME, 1 ms by default) takes CPU from TensorFlow's compute threads while it
@@ -93,6 +97,23 @@ class LaunchPlan:
     @property
     def batches(self) -> BatchPlan | None:
         return self.job.batches
+
+    @property
+    def stall_check(self) -> float | None:
+        """The period of Horovod's stall check for this job (an `-x` in mpi_options replaces
+        the default); None without Horovod or with the check disabled."""
+        if self.job.tf_workers:
+            return None
+        tokens = self.mpirun
+        values = dict(tokens[index + 1].partition("=")[::2] for index, token in
+                      enumerate(tokens[:-1]) if token == "-x" and "=" in tokens[index + 1])
+        if values.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in ("0", ""):
+            return None
+        try:
+            seconds = float(values.get(STALL_CHECK, STALL_CHECK_SECONDS))
+        except ValueError:
+            return None
+        return seconds if seconds > 0 else None
 
     def as_json(self) -> dict[str, Any]:
         cluster = self.cluster

@@ -1,5 +1,8 @@
 """Running mpirun: stream its output, forward stop signals, and say how it ended.
 
+Output: each rank's lines are put back together (container.lines) before they are logged,
+read for failure reports (container.failure) or watched (container.watchdog).
+
 Stopping: SageMaker sends SIGTERM and kills everything 120 s later. The launcher turns the
 first SIGTERM into SIGUSR1 for mpirun, which forwards it to every rank; the trainer then
 agrees with the other ranks to stop after the current step, saves a checkpoint and exits.
@@ -23,8 +26,9 @@ import time
 from typing import Callable
 
 from container.failure import Outcome, OutputLog, summarize
+from container.lines import WholeLines
 from container.watchdog import STACK_GRACE, ProgressWatch
-from job.protocol import FailureKind, parse_stopped
+from job.protocol import FailureKind, parse_active, parse_stopped
 
 
 class StopSignals:
@@ -77,7 +81,18 @@ class StopSignals:
 def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
                env: dict[str, str] | None = None, watch: ProgressWatch | None = None) -> Outcome:
     """Run mpirun to the end, echoing its output; the outcome says who failed and why."""
-    log = OutputLog()
+    log, lines = OutputLog(), WholeLines()
+
+    def take(line: str) -> None:
+        """One whole line: the watchdog's, or the log's (pulses go nowhere with the watchdog
+        off)."""
+        swallowed = watch.observe(line) if watch is not None else \
+            parse_active(line) is not None
+        if swallowed:
+            return
+        sys.stdout.write(line + "\n")
+        log.add(line)
+
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, text=True, bufsize=1,
                                errors="replace")
@@ -85,12 +100,12 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
         if watch is not None:
             threading.Thread(target=_watchdog, args=(process, watch, stops),
                              daemon=True).start()
-        for line in process.stdout:
-            if watch is not None and watch.observe(line):
-                continue
-            sys.stdout.write(line)
-            log.add(line)
+        for output_line in process.stdout:
+            for line in lines.feed(output_line):
+                take(line)
         exit_code = process.wait()
+        for line in lines.rest():
+            take(line)
     sys.stdout.flush()
     if watch is not None and watch.silence is not None:
         return Outcome.failed(FailureKind.HUNG, watch.reason())

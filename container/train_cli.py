@@ -65,7 +65,7 @@ from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_mpirun
-from container.watchdog import ProgressWatch
+from container.watchdog import QUIET_END, ProgressWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +182,11 @@ def log_plan(plan: LaunchPlan) -> None:
               f"{', '.join(plan.ignored_hyperparameters)}", flush=True)
     if plan.batches:
         print(f"launcher: {plan.batches.derivation()}", flush=True)
+    if 0 < plan.launch.progress_timeout < QUIET_END:
+        print(f"launcher: WARNING: progress_timeout {plan.launch.progress_timeout:g} s is "
+              f"shorter than the {QUIET_END:g} s a healthy rank may sit idle as Keras's fit "
+              "returns (tf.data's autotuning winding down); the watchdog may end such a job "
+              f"as hung: {2 * QUIET_END:g} s or more is safe", flush=True)
     if cluster.is_leader:
         print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
 
@@ -190,7 +195,7 @@ def supervise(plan: LaunchPlan) -> Outcome:
     """Run the plan's mpirun under the stop signals and the progress watchdog."""
     cluster = plan.cluster
     watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
-                             cluster.world_size)
+                             cluster.world_size, plan.stall_check)
     return run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
                       host_of_rank=cluster.host_of_rank, watch=watch)
 

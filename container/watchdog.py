@@ -1,21 +1,31 @@
-"""The progress watchdog: a job whose ranks stop making progress ends as a named failure.
+"""The progress watchdog: a job whose ranks stop working ends as a named failure.
 
 A hung distributed job (a dead mount, a deadlocked loader, one rank stuck while the others
 wait in a collective) otherwise bills until SageMaker's max runtime. The supervisor feeds
-every line mpirun forwards to a `ProgressWatch`, which remembers when each rank last made
-progress:
+every line mpirun forwards (whole: container.lines) to a `ProgressWatch`, which remembers when
+each rank last showed that it works:
 
-- the built-in trainer: `TRAIN-PROGRESS step=N` after each optimizer step (train.progress);
-- script mode: the same lines (`distributed.heartbeat()`, or the helper's callbacks), and
-  any line a rank prints on stdout. Not stderr: TensorFlow and Horovod keep warning there
-  while a job hangs (Horovod's stall check every 60 s).
+- progress: `TRAIN-PROGRESS step=N` after each optimizer step (the built-in trainer, the
+  helper's callbacks) or without a step (`distributed.heartbeat()`), and in script mode any
+  line a rank prints on stdout. Not stderr: TensorFlow and Horovod keep warning there while a
+  job hangs (Horovod's stall check every 60 s);
+- activity: `TRAIN-ACTIVE cpu=N`, the pulse of a rank that used the CPU (train.activity), so
+  that a long epoch, a script that prints once an epoch, or a leader evaluating or saving alone
+  is never taken for a hang, whatever it prints.
 
-When no rank has made progress for `progress_timeout` seconds (`first_progress_timeout`
-before the first progress: data counting and compilation take a while), the supervisor asks
-every rank for its Python stack (SIGUSR2 through mpirun; train.rank installs faulthandler for
-it), gives them a few seconds to print, and stops the job. The failure reason names each
-rank's last step and where its stack stood, grouped, plus what Horovod's stall check said
-about missing ranks and tensors.
+The one arbiter of a hang is this watch; Horovod's own stall shutdown is off (container.plan).
+It fires in two cases:
+1. No rank has made progress or shown activity for `progress_timeout` seconds
+   (`first_progress_timeout` before the first progress: data counting and compilation take a
+   while, and a download may not use the CPU).
+2. Horovod's stall check names ranks the others wait for in a collective, and those ranks have
+   shown no progress or activity for as long as the stall check's own period (60 s by default):
+   a rank that never comes is named within about two minutes, whatever the first-progress
+   allowance, while a rank the others wait for because it works alone is left to work.
+Then the supervisor asks every rank for its Python stack (SIGUSR2 through mpirun;
+train.rank installs faulthandler for it), gives them a few seconds to print, and stops the
+job. The failure reason names each rank's last step and where its stack stood, grouped, plus
+what Horovod's stall check said about missing ranks and tensors.
 """
 
 from __future__ import annotations
@@ -28,12 +38,13 @@ from typing import Callable
 
 from container.failure import TAG
 from job.launch_config import LaunchConfig
-from job.protocol import LIBRARY_PATHS, parse_progress
+from job.protocol import LIBRARY_PATHS, PULSE_SECONDS, parse_active, parse_progress
 
 STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job is stopped
-# faulthandler writes a line in several pieces, and mpirun tags each piece it reads, so one
-# line of its output can hold pieces of several ranks' lines, each after its own tag
-_ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
+# A healthy rank can sit idle this long: as Keras's `fit` returns, tf.data's autotuning thread
+# ends only when its optimisation period (at most a minute) runs out, and `fit` waits for it
+# (measured up to 44 s on a crowded 2-core host). A shorter progress_timeout gets a warning.
+QUIET_END = 60.0
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")
@@ -41,21 +52,25 @@ _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")
 
 @dataclass
 class ProgressWatch:
-    """What the watchdog knows of a running job; fed line by line, asked once a second."""
+    """What the watchdog knows of a running job; fed line by line, asked once a second.
+    `straggler_timeout` is the period of Horovod's stall check (None: no such check)."""
 
     timeout: float
     first_timeout: float
     script_mode: bool
     host_of_rank: Callable[[int], str]
     world_size: int
+    straggler_timeout: float | None = None
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
     last_progress: float | None = None
+    last_active: dict[int, float] = field(default_factory=dict)  # progress or activity
     steps: dict[int, int] = field(default_factory=dict)
     stacks: dict[int, list[str]] = field(default_factory=dict)
-    missing: str = ""  # Horovod's stall check: which ranks never submitted which tensor
-    after_missing: bool = False  # the last line was Horovod's "Missing ranks:"
-    pieces: dict[tuple[int, str], str] = field(default_factory=dict)  # unfinished lines
+    missing: list[str] = field(default_factory=list)  # Horovod: which ranks never submitted what
+    waited_for: set[int] = field(default_factory=set)  # the ranks of its latest report
+    in_missing: bool = False  # the lines that follow Horovod's "Missing ranks:"
+    stragglers: list[int] = field(default_factory=list)  # when case 2 fired: the ranks waited for
     silence: float | None = None  # set when the watchdog fired: seconds without progress
 
     def __post_init__(self) -> None:
@@ -63,52 +78,53 @@ class ProgressWatch:
 
     @classmethod
     def of(cls, launch: LaunchConfig, script_mode: bool, host_of_rank: Callable[[int], str],
-           world_size: int) -> "ProgressWatch | None":
+           world_size: int, straggler_timeout: float | None = None) -> "ProgressWatch | None":
         """The job's watch; None when `progress_timeout` is 0 (the watchdog is off)."""
         if not launch.progress_timeout:
             return None
         return cls(launch.progress_timeout, launch.first_progress_timeout, script_mode,
-                   host_of_rank, world_size)
+                   host_of_rank, world_size, straggler_timeout)
 
     def observe(self, line: str) -> bool:
-        """Take one line of mpirun's output; True when it is a progress line, which the
-        supervisor does not echo (one per rank per second would drown the log)."""
-        line = line.rstrip("\n")
-        tagged = TAG.match(line)
+        """Take one whole line of mpirun's output; True when it is a progress or activity line,
+        which the supervisor does not echo (one per rank every few seconds would drown the
+        log)."""
+        tagged = TAG.match(line.rstrip("\n"))
         if not tagged:
             return False
         rank, text = int(tagged["rank"]), tagged["text"]
         progress, step = parse_progress(text)
-        if progress:
-            if self.silence is None:  # what ranks finish while they are being stopped is moot
-                self.last_progress = self.clock()
+        if progress or parse_active(text) is not None:
+            if self.silence is None:  # what ranks do while they are being stopped is moot
+                self._working(rank, progress)
                 if step is not None:
                     self.steps[rank] = step
             return True
-        if self.silence is not None:
-            self._collect_stacks(line)
-            return False
-        if tagged["stream"] == "stdout":
-            if self.script_mode:
-                self.last_progress = self.clock()
-        elif "Missing ranks:" in text:
-            self.after_missing = True
-        elif self.after_missing and (found := _MISSING.match(text)):
-            self.missing = f"rank(s) {found['ranks']} never submitted {found['tensors']}"
-            self.after_missing = False
+        if tagged["stream"] == "stderr":
+            self._read_stall_check(text)
+            if self.silence is not None:
+                self.stacks.setdefault(rank, []).append(text)
+        elif self.script_mode and self.silence is None:
+            self._working(rank, progress=True)
         return False
 
-    def _collect_stacks(self, line: str) -> None:
-        """Reassemble each rank's stderr lines from the tagged pieces of one output line: a
-        piece ends its rank's line only when it ends the output line."""
-        parts = _ANY_TAG.split(line)[1:]  # rank, stream, text, rank, stream, text, ...
-        for index in range(0, len(parts), 3):
-            stream = (int(parts[index]), parts[index + 1])
-            self.pieces[stream] = self.pieces.get(stream, "") + parts[index + 2]
-            if index == len(parts) - 3:
-                text = self.pieces.pop(stream)
-                if stream[1] == "stderr":
-                    self.stacks.setdefault(stream[0], []).append(text)
+    def _working(self, rank: int, progress: bool) -> None:
+        now = self.clock()
+        self.last_active[rank] = now
+        if progress:
+            self.last_progress = now
+        self.waited_for.discard(rank)  # it is not the one holding the others up
+
+    def _read_stall_check(self, text: str) -> None:
+        """Horovod's stall check: `Missing ranks:`, then one line per group of ranks."""
+        if "Missing ranks:" in text:
+            self.in_missing, self.missing = True, []
+            self.waited_for = set()
+        elif self.in_missing and (found := _MISSING.match(text)):
+            self.missing.append(f"rank(s) {found['ranks']} never submitted {found['tensors']}")
+            self.waited_for |= {int(rank) for rank in found["ranks"].split(",")}
+        else:
+            self.in_missing = False
 
     def _limit(self) -> tuple[str, float]:
         """The allowance in force: before the first progress, or after it."""
@@ -116,9 +132,20 @@ class ProgressWatch:
             return "first_progress_timeout", self.first_timeout
         return "progress_timeout", self.timeout
 
+    def _idle(self, rank: int) -> float:
+        return self.clock() - self.last_active.get(rank, self.started)
+
     def overdue(self) -> float | None:
-        """Seconds without progress, when that is past the limit; else None."""
-        since = self.last_progress if self.last_progress is not None else self.started
+        """Seconds without progress or activity (case 1), or the idle seconds of the ranks the
+        others wait for (case 2), when that is past its limit; else None."""
+        stragglers = sorted(self.waited_for)
+        if stragglers and self.straggler_timeout is not None:
+            idle = min(self._idle(rank) for rank in stragglers)
+            # a working rank's pulses come PULSE_SECONDS apart: never call one idle sooner
+            if idle >= max(self.straggler_timeout, 3 * PULSE_SECONDS):
+                self.stragglers = stragglers
+                return idle
+        since = max([self.started, *self.last_active.values()])
         quiet = self.clock() - since
         return quiet if quiet >= self._limit()[1] else None
 
@@ -128,8 +155,6 @@ class ProgressWatch:
 
     def reason(self) -> str:
         """The failure file's sentence: how long, each rank's step and place, Horovod's word."""
-        limit, limit_value = self._limit()
-        before = "" if self.last_progress is not None else " (none since the start)"
         groups: dict[str, list[int]] = {}
         for rank in range(self.world_size):
             step = self.steps.get(rank)
@@ -137,7 +162,15 @@ class ProgressWatch:
             groups.setdefault(f"{done}, {where(self.stacks.get(rank, []))}", []).append(rank)
         ranks = "; ".join(f"{_ranks(members, self.host_of_rank)} {state}"
                           for state, members in groups.items())
-        horovod = f". Horovod's stall check: {self.missing}" if self.missing else ""
+        horovod = f". Horovod's stall check: {'; '.join(self.missing)}" if self.missing else ""
+        if self.stragglers:
+            whom = _ranks(self.stragglers, self.host_of_rank)
+            return (f"{whom} did nothing for {self.silence or 0:.0f} s while the other ranks "
+                    f"waited for {'it' if len(self.stragglers) == 1 else 'them'} in a "
+                    f"collective (Horovod's stall check, every {self.straggler_timeout:g} s): "
+                    f"{ranks}{horovod}. Every rank's Python stack is in the log")
+        limit, limit_value = self._limit()
+        before = "" if self.last_progress is not None else " (none since the start)"
         return (f"no progress for {self.silence or 0:.0f} s ({limit} {limit_value:g} s)"
                 f"{before}: {ranks}{horovod}. Every rank's Python stack is in the log")
 

@@ -56,13 +56,14 @@ class LaunchConfig:
         "checkpoint in that time. SageMaker kills everything 120 s after SIGTERM.",
         minimum=1.0, maximum=3600.0)
     progress_timeout: float = hp(
-        300.0, "Seconds without progress (no rank finishing an optimizer step; in script mode "
-        "no rank printing to stdout or calling distributed.heartbeat()) after which the job "
-        "fails as hung (exit code 4), with every rank's Python stack in the log; 0 turns the "
+        300.0, "Seconds in which no rank made progress (an optimizer step; in script mode a "
+        "line on stdout or distributed.heartbeat()) or used the CPU, after which the job fails "
+        "as hung (exit code 4), with every rank's Python stack in the log; 0 turns the "
         "watchdog off.", minimum=0.0, maximum=604800.0)
     first_progress_timeout: float = hp(
-        1800.0, "The same allowance before the first progress, for data counting, model "
-        "building and compilation.", minimum=1.0, maximum=604800.0)
+        1800.0, "The same allowance before the first progress (a download that does not use "
+        "the CPU); a rank the others wait for in a collective is named sooner, after "
+        "Horovod's stall check.", minimum=1.0, maximum=604800.0)
     mpi_enabled: bool = hp(
         False, "Ranks synchronise with Horovod over mpirun (the SDK's distribution={\"mpi\": "
         "{\"enabled\": True}}); needs the Horovod image.", aliases=("sagemaker_mpi_enabled",))

@@ -103,6 +103,9 @@ def parse_progress(line: str) -> tuple[bool, int | None]:
     return (True, int(found["step"]) if found["step"] else None) if found else (False, None)
 
 
+PULSE_SECONDS = 2.0  # how often a rank that computes says so (train.activity)
+
+
 def active_line(cores: float) -> str:
     """A rank's pulse: it used `cores` of CPU on average since its last pulse."""
     return f"{ACTIVE_MARKER} cpu={cores:.2f}"

@@ -5,12 +5,35 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
 from job.protocol import metrics_line
 from train.progress import Progress
 from train.rank import StopRequest, emit
+
+
+SPIN_SECONDS = 0.002  # an agreement of ranks in step takes microseconds; then stop spinning
+LONGEST_PAUSE = 0.01
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is set on any rank: an MPI allreduce of one flag.
+
+    A blocking MPI wait polls at full speed (OpenMPI yields between polls but stays runnable),
+    so a rank waiting here for a slow or frozen peer would take the CPU from a peer sharing its
+    core and look busy to its pulse (train.activity) for as long as the peer is frozen. So once
+    the agreement has taken longer than SPIN_SECONDS, the wait polls with growing pauses.
+    """
+    sent, agreed = np.array([flag], dtype=np.int32), np.zeros(1, dtype=np.int32)
+    request = MPI.COMM_WORLD.Iallreduce(sent, agreed, op=MPI.LOR)
+    spin_until, pause = time.perf_counter() + SPIN_SECONDS, 1e-4
+    while not request.Test():
+        if time.perf_counter() >= spin_until:
+            time.sleep(pause)
+            pause = min(2 * pause, LONGEST_PAUSE)
+    return bool(agreed[0])
 
 
 class StopOnRequest(tf.keras.callbacks.Callback):
@@ -30,7 +53,7 @@ class StopOnRequest(tf.keras.callbacks.Callback):
             return
         # A plain MPI allreduce of one flag costs microseconds; Horovod's tensor allreduce
         # would cost a background-thread cycle per step.
-        if MPI.COMM_WORLD.allreduce(StopRequest.requested(), op=MPI.LOR):
+        if any_rank(StopRequest.requested()):
             self.model.stop_training = True
             self.stopped = True
 

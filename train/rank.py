@@ -7,7 +7,7 @@ the launcher (plain `mpirun` or `python script.py`), a rank falls back to one ho
 
 `run_rank` installs the stop signal first (before TensorFlow is imported, which takes
 seconds) and the stack dump the launcher's watchdog asks for with SIGUSR2 (train.progress),
-and turns any exception into a one-line failure report for the launcher (with the
+starts the pulse that tells the watchdog when this rank computes (train.activity), and turns any exception into a one-line failure report for the launcher (with the
 error's kind, so a ConfigError or DataError ends the job as a configuration error), then lets
 it propagate so `python -m mpi4py` aborts every rank.
 """
@@ -28,6 +28,7 @@ from typing import Callable, Mapping
 from job.errors import PlatformError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from job.protocol import rank_failure
+from train.activity import Pulse, exclude_horovod_threads
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,13 @@ def report_failure(rank: int, host: str, error: BaseException) -> None:
 def run_rank(body: Callable[[RankContext], None]) -> None:
     StopRequest.install()
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # the watchdog's stack dump
+    exclude_horovod_threads()
+    Pulse.start()
     context = None
     try:
         context = context_from_environment()
         body(context)
+        Pulse.last()
     except SystemExit as stop:
         if stop.code not in (0, None) and not StopRequest.event.is_set():
             report_failure(*_who(context), RuntimeError(f"exited with code {stop.code}"))

@@ -21,7 +21,7 @@ COMMON = ["mpirun", "--allow-run-as-root", "--tag-output"]
 SAFETY = ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
           "-mca", "orte_abort_on_non_zero_status", "1",
           "-mca", "btl_vader_single_copy_mechanism", "none"]
-STALL = ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=60", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600"]
+STALL = ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=30", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0"]
 RANK = [PYTHON, "-P", "-m", "mpi4py", "-m", "train.rank_main"]
 SSH = ("-p 22 -i /run/job/id_ed25519 -o IdentitiesOnly=yes -o BatchMode=yes "
        "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/run/job/known_hosts "
@@ -106,6 +106,21 @@ def test_user_options_override_defaults_in_place_and_add_new_ones():
     assert "NCCL_DEBUG=INFO" in result and "NCCL_DEBUG=WARN" not in result
     assert result[result.index("pml") - 1:result.index("pml") + 2] == ["--mca", "pml", "ucx"]
     assert result[-len(RANK) - 3:-len(RANK)] == ["-x", "FOO=bar", "--display-map"]
+
+
+@pytest.mark.parametrize("options, seconds", [
+    ("", 30.0), ("-x HOROVOD_STALL_CHECK_TIME_SECONDS=20", 20.0),
+    ("-x HOROVOD_STALL_CHECK_DISABLE=1", None), ("-x HOROVOD_STALL_CHECK_TIME_SECONDS=0", None),
+])
+def test_the_watchdog_knows_the_period_of_horovods_stall_check(options, seconds):
+    """Horovod's own shutdown stays off whatever the period (the watchdog decides)."""
+    the_plan = plan(job(["algo-1", "algo-2"], "algo-1", {"mpi_options": options}))
+    assert the_plan.stall_check == seconds
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0" in the_plan.mpirun
+
+
+def test_a_tf_job_has_no_horovod_stall_check(tmp_path):
+    assert tf_plan(tmp_path, {}).stall_check is None
 
 
 @pytest.mark.parametrize("text, message", [
