@@ -79,13 +79,18 @@ def test_the_checker_sees_a_wrong_import(tmp_path):
 
 
 def test_the_server_uses_gunicorn_only_through_its_documented_api():
-    """serve/ builds on gunicorn's documented custom-application base and logger class, and
-    names its worker class by its documented name: nothing private, so any release of the
-    major version that requirements.txt admits runs it unchanged."""
+    """serve/ builds on gunicorn's documented custom-application base and logger class, and on
+    its threaded worker through the one method that worker says to override
+    (`ThreadWorker.get_thread_pool`: "Override this method to customize how the thread pool
+    is created"): no private module or name is imported. (The intake also reads two
+    undocumented attributes of the connections that pool is given; serve/intake.py names them,
+    and tests/serve/test_serve_slow_clients.py fails if a release changes them.)"""
     used = {name for path in sorted((ROOT / "serve").rglob("*.py"))
             for name in imported_modules(path) if name.split(".")[0] == "gunicorn"}
     assert used <= {"gunicorn.app.base", "gunicorn.app.base.BaseApplication",
-                    "gunicorn.glogging", "gunicorn.glogging.Logger"}, sorted(used)
+                    "gunicorn.glogging", "gunicorn.glogging.Logger",
+                    "gunicorn.workers.gthread", "gunicorn.workers.gthread.ThreadWorker"
+                    }, sorted(used)
     assert not [name for name in used if name.rsplit(".", 1)[-1].startswith("_")]
 
 
