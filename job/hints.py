@@ -16,9 +16,9 @@ import re
 HINT_LIMIT = 240  # bytes of a hint
 
 KERAS3_UNDER_MWMS = (
-    "Keras 3 (`import keras`) cannot train under MultiWorkerMirroredStrategy: use `tf.keras` on "
-    "this image (tf_keras; TF_USE_LEGACY_KERAS=1 is set for the ranks), or Keras 3's JAX "
-    "backend with keras.distribution")
+    "Keras 3 (`import keras`) cannot train under MultiWorkerMirroredStrategy: use `tf.keras` "
+    "(tf_keras) with it, or Keras 3 on JAX (KERAS_BACKEND=jax is set): "
+    "keras.distribution.initialize() and set_distribution(DataParallel())")
 NO_HOROVOD = (
     "Horovod is only in the default image (`make build`, TensorFlow 2.15); on this TensorFlow "
     "2.21 image synchronise with tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG is set "
@@ -27,8 +27,8 @@ OUT_OF_MEMORY = (
     "out of device memory: lower per_device_batch_size (or your script's batch per device), "
     "or set max_device_batch_size to accumulate gradients over smaller micro-batches")
 NO_JAX = (
-    "Keras 3 across hosts needs the JAX backend, and no image here has JAX: use `tf.keras` "
-    "with MultiWorkerMirroredStrategy (TensorFlow 2.21 image) or Horovod (default image)")
+    "Keras 3 across hosts needs the JAX backend, which is in the TensorFlow 2.21 image "
+    "(`make build-tf`); there keras.distribution.initialize() finds every process by itself")
 
 # (pattern searched in "ExceptionType: message", hint); the first match wins.
 HINTS: tuple[tuple[re.Pattern[str], str], ...] = (

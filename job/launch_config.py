@@ -76,6 +76,10 @@ class LaunchConfig:
         8890, "MultiWorkerMirroredStrategy: the port of a host's TensorFlow worker (AWS's "
         "TensorFlow containers use 8890); a host's further workers take the next ports.",
         minimum=1, maximum=65000)
+    distribution_port: int = hp(
+        7777, "Port on the leader where every process of the job meets to start Keras 3's "
+        "keras.distribution (JAX's coordinator; KERAS_DISTRIBUTION_JOB_ADDRESSES, "
+        "JAX_COORDINATOR_ADDRESS); also SM_MASTER_PORT.", minimum=1, maximum=65535)
     sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
                         maximum=65535)
     coordinator_port: int = hp(

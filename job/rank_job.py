@@ -25,6 +25,29 @@ ENV_LIMIT = 128 * 1024
 
 
 @dataclass(frozen=True)
+class Processes:
+    """The job's processes as Keras 3's `keras.distribution.initialize()` and JAX's
+    `jax.distributed.initialize()` are told them, by the environment variables each reads when
+    called with no arguments (what Keras's distribution guide shows), so that a script joins
+    the job with no setting of its own, and not through JAX's guess from Open MPI's internals.
+    `devices[l]`: the GPUs of the process with local rank l (() on a CPU host)."""
+
+    coordinator: str = ""  # host:port of process 0, where every process meets
+    count: int = 1
+    devices: tuple[tuple[int, ...], ...] = ()
+
+    def environment(self, rank: int, local_rank: int) -> dict[str, str]:
+        if not self.coordinator:
+            return {}
+        devices = self.devices[local_rank] if self.devices else (0,)
+        return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": self.coordinator,
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": str(self.count),
+                "KERAS_DISTRIBUTION_PROCESS_ID": str(rank),
+                "JAX_COORDINATOR_ADDRESS": self.coordinator,
+                "JAX_LOCAL_DEVICE_IDS": ",".join(map(str, devices))}
+
+
+@dataclass(frozen=True)
 class RankJob:
     program: str = ""  # the user's script; "" runs the built-in trainer
     script_hyperparameters: dict[str, Any] = field(default_factory=dict)
@@ -32,36 +55,42 @@ class RankJob:
     batches: BatchPlan | None = None
     # MultiWorkerMirroredStrategy: every worker's host:port, rank r's at index r; () = Horovod
     tf_workers: tuple[str, ...] = ()
+    processes: Processes = Processes()
 
     def to_json(self) -> str:
         return json.dumps({
             "program": self.program, "script_hyperparameters": self.script_hyperparameters,
             "trainer": asdict(self.trainer) if self.trainer else None,
             "batches": asdict(self.batches) if self.batches else None,
-            "tf_workers": list(self.tf_workers),
+            "tf_workers": list(self.tf_workers), "processes": asdict(self.processes),
         }, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "RankJob":
         try:
             raw = json.loads(text)
+            processes = raw["processes"]
             return cls(raw["program"], raw["script_hyperparameters"],
                        TrainerConfig(**raw["trainer"]) if raw["trainer"] else None,
                        BatchPlan(**raw["batches"]) if raw["batches"] else None,
-                       tuple(raw["tf_workers"]))
+                       tuple(raw["tf_workers"]),
+                       Processes(processes["coordinator"], processes["count"],
+                                 tuple(tuple(ids) for ids in processes["devices"])))
         except (ValueError, TypeError, KeyError) as error:
             raise ConfigError(f"{JOB_ENV} does not hold a job written by this image's launcher "
                               f"({type(error).__name__}: {error}); start ranks with `train`"
                               ) from None
 
-    def worker_environment(self, rank: int) -> dict[str, str]:
-        """What rank `rank` adds to its environment: under MultiWorkerMirroredStrategy its
-        worker's TF_CONFIG, as AWS's TensorFlow containers write it; nothing for Horovod."""
-        if not self.tf_workers:
-            return {}
-        return {"TF_CONFIG": json.dumps({
-            "cluster": {"worker": list(self.tf_workers)}, "environment": "cloud",
-            "task": {"type": "worker", "index": rank}})}
+    def worker_environment(self, rank: int, local_rank: int = 0) -> dict[str, str]:
+        """What rank `rank` adds to its environment: its place among the job's processes for
+        Keras 3 and JAX, and under MultiWorkerMirroredStrategy its worker's TF_CONFIG, as AWS's
+        TensorFlow containers write it."""
+        environment = self.processes.environment(rank, local_rank)
+        if self.tf_workers:
+            environment["TF_CONFIG"] = json.dumps({
+                "cluster": {"worker": list(self.tf_workers)}, "environment": "cloud",
+                "task": {"type": "worker", "index": rank}})
+        return environment
 
     def environment(self) -> dict[str, str]:
         """The rank environment that carries the job; ConfigError when it cannot fit."""

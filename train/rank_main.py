@@ -18,7 +18,7 @@ def main(context: RankContext) -> None:
     if job.trainer is None or job.batches is None:
         raise ConfigError(f"the launcher planned script mode ({job.program}), not the built-in "
                           "trainer; start ranks with `train`")
-    os.environ.update(job.worker_environment(context.rank))
+    os.environ.update(job.worker_environment(context.rank, context.local_rank))
     from train.trainer import train  # TensorFlow loads only after the stop handler is in place
 
     train(context, job.trainer, job.batches, job.tf_workers)

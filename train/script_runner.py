@@ -9,6 +9,12 @@ code folder with its own folder on sys.path, so a script written for AWS's conta
 unmodified. The hyperparameters come from the job the launcher validated (job.rank_job), never
 from hyperparameters.json again.
 
+Every process is also told its place among the job's processes for Keras 3 and JAX
+(job.rank_job.Processes), so a script written from Keras's distribution guide joins the job with
+no setting of its own; one whose JAX ran with fewer processes than the job has (its
+`keras.distribution.initialize()` failed, hidden by the guide's try/except, or never ran)
+trained one model per process, and the leader's rank says so (job.notices).
+
 The user's modules win over ours: `train.py`, `job.py` or a `serve/` package beside the script
 is what `import train` gives the script, even though this runner already imported our packages
 of those names (the runner keeps the objects it holds; only the names are handed over).
@@ -21,6 +27,7 @@ import runpy
 import sys
 from pathlib import Path
 
+from job import notices
 from job.sagemaker_config import read_channels, read_resources
 from train.rank import RankContext, run_rank
 from job.rank_job import RankJob, read_rank_job
@@ -45,7 +52,8 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
                                   hyperparameters=job.script_hyperparameters)
     # The names SDK 3's driver (sm_drivers/scripts/environment.py) adds to the toolkit's, so
     # scripts written for ModelTrainer find them too.
-    sdk3 = {"SM_MASTER_ADDR": context.hosts[0], "SM_MASTER_PORT": "7777",
+    sdk3 = {"SM_MASTER_ADDR": context.hosts[0],
+            "SM_MASTER_PORT": job.processes.coordinator.rpartition(":")[2],
             "SM_SOURCE_DIR": str(paths.code_dir),
             "SM_ENTRY_SCRIPT": job.program}
     return {**sdk3, **{key: str(value) for key, value in env.to_env_vars().items()}}
@@ -78,7 +86,7 @@ def main(context: RankContext) -> None:
     script, arguments = Path(sys.argv[1]).resolve(), sys.argv[2:]
     job = read_rank_job()
     os.environ.update(sm_environment(context, job))
-    os.environ.update(job.worker_environment(context.rank))
+    os.environ.update(job.worker_environment(context.rank, context.local_rank))
     # AWS's containers run the script from the code folder: files shipped beside it open by
     # their relative names, and relative outputs land there, not among the image's code.
     os.chdir(context.paths.code_dir)
@@ -86,6 +94,35 @@ def main(context: RankContext) -> None:
     sys.path.insert(0, str(script.parent))
     release(shadowed(script))
     runpy.run_path(str(script), run_name="__main__")
+    alone = trained_alone(context.world_size, jax_processes())
+    if alone and context.is_leader:
+        notices.warn(context.paths, ALONE_FILE, alone, f"rank {context.rank}")
+
+
+ALONE_FILE = "WARNING-trained-alone.txt"
+
+
+def jax_processes() -> int | None:
+    """How many processes the script's JAX (Keras 3's backend on this image) ran with; None
+    when the script never imported JAX."""
+    if "jax" not in sys.modules:
+        return None
+    import jax
+
+    return jax.process_count()
+
+
+def trained_alone(world_size: int, joined: int | None) -> str | None:
+    """What to say when a script of a job of `world_size` processes ran JAX with `joined`
+    of them: Keras's guide wraps `keras.distribution.initialize()` in try/except, so a failed
+    start (or none) goes on to train one model per host, and nothing else would say so."""
+    if joined is None or joined == world_size:
+        return None
+    return (f"this job has {world_size} processes, but the script's JAX ran with {joined}: "
+            "each process trained on its own, and the model is one process's. Call "
+            "keras.distribution.initialize() with no arguments (the launcher sets "
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and _PROCESS_ID for every process) "
+            "before building the model, and do not hide its error")
 
 
 if __name__ == "__main__":

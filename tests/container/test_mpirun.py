@@ -13,7 +13,7 @@ from container.plan import make_plan
 from job.sagemaker_config import Channel, JobConfig, ResourceConfig
 from job.batching import BatchPlan
 from job.trainer_config import TrainerConfig
-from job.rank_job import RankJob
+from job.rank_job import Processes, RankJob
 
 PYTHON = "/venv/bin/python"
 ENV = {"PATH": "/venv/bin:/usr/bin"}
@@ -34,18 +34,23 @@ def job(hosts, current, hyperparameters=None, instance_type="ml.c5.xlarge", inte
                      hyperparameters or {}, {"train": Channel("train")})
 
 
-def default_job(world_size):
+def default_job(world_size, coordinator="localhost:7777", devices=()):
     """What every rank of a job without hyperparameters runs: the trainer's defaults, 32
-    samples per device, the learning rate 0.001 for 32 samples scaled to the global batch."""
+    samples per device, the learning rate 0.001 for 32 samples scaled to the global batch;
+    every process told where the others meet (Keras 3 / JAX) and which GPUs are its own."""
     return RankJob(trainer=TrainerConfig(), batches=BatchPlan(
         world_size=world_size, global_batch=32 * world_size, per_device_batch=32, micro_batch=32,
-        accumulation_steps=1, base_learning_rate=0.001, learning_rate=0.001 * world_size))
+        accumulation_steps=1, base_learning_rate=0.001, learning_rate=0.001 * world_size),
+        processes=Processes(coordinator, world_size, devices))
 
 
 def rank_env(hosts, per_host, gpus=0):
+    coordinator = f"{hosts[0] if len(hosts) > 1 else 'localhost'}:7777"
+    devices = tuple((local % gpus,) for local in range(per_host)) if gpus else ()
+    the_job = default_job(len(hosts) * per_host, coordinator, devices)
     env = ["-x", "TRAIN_ML_ROOT=/opt/ml", "-x", f"TRAIN_HOSTS={','.join(hosts)}",
            "-x", f"TRAIN_PROCESSES_PER_HOST={per_host}",
-           "-x", f"TRAIN_JOB={default_job(len(hosts) * per_host).to_json()}",
+           "-x", f"TRAIN_JOB={the_job.to_json()}",
            "-x", "PYTHONUNBUFFERED=1",
            "-x", "TF_CPP_MIN_LOG_LEVEL=1", *STALL, "-x", "PATH=/venv/bin:/usr/bin"]
     return env + (["-x", "NCCL_DEBUG=WARN"] if gpus else
@@ -208,14 +213,14 @@ def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_ho
     assert "USER_SETTING" not in one_host  # local ranks inherit mpirun's environment
 
 
-def tf_plan(root, hyperparameters, hosts=("algo-1", "algo-2"), gpus=0):
+def tf_plan(root, hyperparameters, hosts=("algo-1", "algo-2"), gpus=0, environ=ENV):
     paths = MlPaths(root)
     paths.code_dir.mkdir(parents=True, exist_ok=True)
     (paths.code_dir / "train.py").write_text("")
     the_job = JobConfig(paths, ResourceConfig("algo-2", hosts),
                         {"sagemaker_program": "train.py", **hyperparameters}, {})
-    return make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, ENV),
-                     gpu_count=gpus, python=PYTHON, runtime=Path("/run/job"), environ=ENV,
+    return make_plan(the_job, validate_hyperparameters(the_job.hyperparameters, environ),
+                     gpu_count=gpus, python=PYTHON, runtime=Path("/run/job"), environ=environ,
                      stack="tf")
 
 
@@ -231,6 +236,34 @@ def test_the_tf_image_runs_one_worker_per_host_with_the_tf_config_aws_writes(tmp
         assert "-np" in the_plan.mpirun and the_plan.mpirun[the_plan.mpirun.index("-np") + 1] == "2"
         carried = next(a for a in the_plan.mpirun if a.startswith("TRAIN_JOB="))
         assert RankJob.from_json(carried.split("=", 1)[1]).tf_workers == the_plan.job.tf_workers
+
+
+def test_every_process_is_told_where_keras_distribution_meets_and_which_gpus_are_its_own(
+        tmp_path):
+    """What `keras.distribution.initialize()` with no arguments reads: the launcher's plan, not
+    JAX's guess from Open MPI (which would give one process one GPU)."""
+    the_plan = tf_plan(tmp_path, {}, gpus=8)  # one process per host, all its GPUs
+    assert the_plan.job.worker_environment(1, 0) | {"TF_CONFIG": ""} == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "algo-1:7777", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "algo-1:7777",
+        "JAX_LOCAL_DEVICE_IDS": "0,1,2,3,4,5,6,7", "TF_CONFIG": ""}
+    assert "KERAS_BACKEND=jax" in the_plan.mpirun
+    halves = tf_plan(tmp_path, {"processes_per_host": 2, "distribution_port": 9999}, gpus=8)
+    assert [halves.job.worker_environment(3, local)["JAX_LOCAL_DEVICE_IDS"] for local in (0, 1)] \
+        == ["0,1,2,3", "4,5,6,7"]
+    assert halves.job.worker_environment(3, 1)["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == \
+        "algo-1:9999"
+    cpu = tf_plan(tmp_path, {})
+    assert cpu.job.worker_environment(0, 0)["JAX_LOCAL_DEVICE_IDS"] == "0"
+    one_host = plan(job(["algo-1"], "algo-1"), gpus=8)  # Horovod: a process per GPU
+    assert one_host.job.worker_environment(5, 5)["JAX_LOCAL_DEVICE_IDS"] == "5"
+    assert one_host.job.processes.coordinator == "localhost:7777"
+    assert not any(token.startswith("KERAS_BACKEND=") for token in one_host.mpirun)
+
+
+def test_the_jobs_own_keras_backend_wins(tmp_path):
+    the_plan = tf_plan(tmp_path, {}, environ={**ENV, "KERAS_BACKEND": "tensorflow"})
+    assert "KERAS_BACKEND=tensorflow" in the_plan.mpirun
 
 
 def test_several_workers_on_a_host_take_the_next_ports(tmp_path):
@@ -273,5 +306,5 @@ def test_the_builtin_trainer_on_the_tf_image_gets_the_same_batch_plan_and_its_wo
 
 def test_the_horovod_image_keeps_its_plan_when_the_sdk_says_mpi():
     the_job = job(["algo-1", "algo-2"], "algo-1", {"sagemaker_mpi_enabled": "true"})
-    assert plan(the_job).job == default_job(2) and plan(the_job).mpirun == argv(
+    assert plan(the_job).job == default_job(2, "algo-1:7777") and plan(the_job).mpirun == argv(
         job(["algo-1", "algo-2"], "algo-1"))

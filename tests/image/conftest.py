@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -223,6 +224,14 @@ def newest_checkpoint(spec) -> tuple[Path, dict]:
     """The leader's newest checkpoint folder and its state.json."""
     newest = leader_checkpoints(spec)[-1]
     return newest, json.loads((newest / "state.json").read_text())
+
+
+def code_folder(tmp_path: Path, script: Path) -> Path:
+    """A code folder holding `script` alone, for add_code."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    shutil.copy(script, folder / script.name)
+    return folder
 
 
 def add_code(folder: Path):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import (BUILD_TIMEOUT_S, add_code, compose_cluster, failure, local_cluster, logs,
-                      run_script, wait_for_log)
+from conftest import (BUILD_TIMEOUT_S, add_code, code_folder, compose_cluster, failure,
+                      local_cluster, logs, run_script, wait_for_log)
 from bench.cluster import container_times
 
 pytestmark = pytest.mark.container
@@ -61,10 +60,7 @@ def test_the_cpu_image_has_tensorflow_without_cuda_wheels(engine, tf_image):
 
 @pytest.fixture
 def code(tmp_path) -> Path:
-    folder = tmp_path / "code"
-    folder.mkdir()
-    shutil.copy(SCRIPT, folder / SCRIPT.name)
-    return folder
+    return code_folder(tmp_path, SCRIPT)
 
 
 def run_to_end(engine, spec, name: str, code: Path) -> tuple[dict[str, int], str]:

@@ -1,0 +1,66 @@
+"""Keras 3 across hosts on the TensorFlow 2.21 image: JAX's backend with keras.distribution,
+started by the same launcher. The script is one in the shape of keras.io's distribution guide
+(train/examples/keras_guide_script.py): `keras.distribution.initialize()` with no arguments
+finds every process of every host from what the launcher's plan put in its environment, and
+a script that never joins the others is named for training one model per process."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import code_folder, failure, local_cluster
+from test_tf_stack import LAUNCH, run_to_end, tf_image  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.container
+
+SCRIPT = Path(__file__).parents[2] / "train" / "examples" / "keras_guide_script.py"
+GUIDE = {key: value for key, value in LAUNCH.items()
+         if key != "sagemaker_multi_worker_mirrored_strategy_enabled"} | {
+    "sagemaker_program": SCRIPT.name}
+
+
+@pytest.fixture
+def code(tmp_path) -> Path:
+    return code_folder(tmp_path, SCRIPT)
+
+
+def guide_spec(tmp_path, image, data, **hyperparameters) -> local_cluster.ClusterSpec:
+    """Two hosts with every train file each (Keras splits each global batch between the
+    processes: every process must see as many batches)."""
+    values = {k: str(v) for k, v in {**GUIDE, **hyperparameters}.items()}
+    return local_cluster.ClusterSpec(hosts=2, workdir=tmp_path / "cluster", data=data,
+                                     image=image, hyperparameters=values)
+
+
+def test_a_keras_guide_script_trains_on_two_hosts_as_one_job(engine, tf_image, data, tmp_path,
+                                                             code):
+    spec = guide_spec(tmp_path, tf_image, data, epochs=3)
+    codes, output = run_to_end(engine, spec, "keras-jax", code)
+    assert codes == {"algo-1": 0, "algo-2": 0}, output
+    assert "process 0 of 2 on algo-1: 2 devices, Keras 3.15.1 on jax" in output, output[-3000:]
+    assert "process 1 of 2 on algo-2: 2 devices, Keras 3.15.1 on jax" in output, output[-3000:]
+    weights = re.findall(r"WEIGHTS process \d: (\w+)", output)
+    assert len(weights) == 2 and len(set(weights)) == 1, output[-3000:]
+    assert float(re.search(r"ACCURACY ([\d.]+)", output)[1]) > 0.8, output[-3000:]
+    leader_paths = local_cluster.host_paths(spec, "algo-1")
+    assert (leader_paths.model_dir / "model.keras").is_file()
+    assert not any(local_cluster.host_paths(spec, "algo-2").model_dir.iterdir())
+    assert not (leader_paths.output_data_dir / "WARNING-trained-alone.txt").exists()
+    assert failure(spec, "algo-1") == failure(spec, "algo-2") == ""
+
+
+def test_a_script_that_never_joins_the_others_is_named(engine, tf_image, data, tmp_path, code):
+    """Without `keras.distribution.initialize()` each process trains alone: the job completes
+    (its model is still one process's), and the log and output/data say what happened."""
+    spec = guide_spec(tmp_path, tf_image, data, epochs=1, initialize="false")
+    codes, output = run_to_end(engine, spec, "keras-alone", code)
+    assert codes == {"algo-1": 0, "algo-2": 0}, output
+    said = ("this job has 2 processes, but the script's JAX ran with 1: each process trained "
+            "on its own")
+    assert f"rank 0: WARNING: {said}" in output, output[-3000:]
+    warning = local_cluster.host_paths(spec, "algo-1").output_data_dir / \
+        "WARNING-trained-alone.txt"
+    assert warning.read_text().startswith(said)
