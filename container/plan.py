@@ -143,7 +143,8 @@ class LaunchPlan:
 def rank_command(python: str, module: str, *args: str) -> list[str]:
     """How a rank starts: `python -P -m mpi4py -m MODULE ARGS`.
 
-    mpi4py aborts every rank when one raises. `-P` keeps the working directory off sys.path:
+    mpi4py aborts every rank when one raises before train.rank.run_rank takes over (which
+    ends a failed rank itself). `-P` keeps the working directory off sys.path:
     ranks inherit mpirun's directory (remote ones too), which is the user's code folder when
     SDK 3's sm_train.sh started the launcher, and a user's train.py there would otherwise
     replace this image's `train` package before the rank program is even found.

@@ -24,8 +24,8 @@ What it does, on every host of the job:
    <ml-root>/code with the SM_* environment and the hyperparameters as arguments. An image
    built with SCRIPT_MODE=off runs only the built-in trainer and refuses script mode
    (job.validated.BUILTIN_ONLY_MARKER).
-5. Failure: any rank failing stops all ranks (mpi4py aborts, OpenMPI's
-   orte_abort_on_non_zero_status) and every host exits with the same code, decided by the kind
+5. Failure: any rank failing stops all ranks (it exits at once, train.rank.run_rank, and
+   OpenMPI's orte_abort_on_non_zero_status stops the others) and every host exits with the same code, decided by the kind
    of failure (job.protocol.exit_code: 2 configuration or data, 3 cluster, 143 stopped,
    else the rank's own). <ml-root>/output/failure starts with the root cause on every host:
    the failing host, rank and that rank's error.

@@ -7,9 +7,13 @@ the launcher (plain `mpirun` or `python script.py`), a rank falls back to one ho
 
 `run_rank` installs the stop signal first (before TensorFlow is imported, which takes
 seconds) and the stack dump the launcher's watchdog asks for with SIGUSR2 (train.progress),
-starts the pulse that tells the watchdog when this rank computes (train.activity), and turns any exception into a one-line failure report for the launcher (with the
-error's kind, so a ConfigError or DataError ends the job as a configuration error), then lets
-it propagate so `python -m mpi4py` aborts every rank.
+starts the pulse that tells the watchdog when this rank computes (train.activity), and turns
+any exception into a one-line failure report for the launcher (with the error's kind, so a
+ConfigError or DataError ends the job as a configuration error). A failed rank then leaves at
+once, without the interpreter's teardown: that teardown may wait for the other ranks, which
+are themselves waiting for this one in a collective (JAX's distributed shutdown holds a
+process up to 300 s at a barrier; mpi4py's abort comes only after it), so mpirun would not
+learn of the failure until a watchdog fired. Its exit ends the job: mpirun stops the others.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NoReturn
 
 from job.errors import PlatformError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
@@ -148,12 +153,21 @@ def run_rank(body: Callable[[RankContext], None]) -> None:
         body(context)
         Pulse.last()
     except SystemExit as stop:
-        if stop.code not in (0, None) and not StopRequest.event.is_set():
-            report_failure(*_who(context), RuntimeError(f"exited with code {stop.code}"))
-        raise
+        if stop.code in (0, None) or StopRequest.event.is_set():
+            raise
+        report_failure(*_who(context), RuntimeError(f"exited with code {stop.code}"))
+        leave(stop.code if isinstance(stop.code, int) else 1)
     except BaseException as error:
         report_failure(*_who(context), error)
-        raise
+        traceback.print_exc()
+        leave(1)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with `code` now, what was written flushed, no atexit handler or finalizer run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _who(context: RankContext | None) -> tuple[int, str]:

@@ -331,9 +331,11 @@ def test_an_unmodified_script_whose_epochs_outlast_the_timeout_completes(make_sc
 
 def test_a_leader_working_alone_while_the_other_rank_waits_survives(job):
     """Horovod's stall check (every 2 s here) names rank 0 as missing the whole time, and no
-    rank prints for 25 s, four times progress_timeout: rank 0 is working, so nothing fires
-    (Horovod's own stall shutdown, formerly 600 s, is off: one arbiter decides)."""
-    root, process = job({"progress_timeout": 6,
+    rank prints for 25 s, twice progress_timeout: rank 0 is working, so nothing fires
+    (Horovod's own stall shutdown, formerly 600 s, is off: one arbiter decides). The timeout
+    leaves room for six pulses: with 6 s, a pytest-xdist run that crowded 2 cores with other
+    jobs' TensorFlow once delivered none of rank 0's pulses for 7 s."""
+    root, process = job({"progress_timeout": 12,
                          "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"}, "leader_alone")
     output = process.communicate(timeout=240)[0]
     assert process.returncode == 0, output[-3000:]

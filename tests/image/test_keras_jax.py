@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import code_folder, failure, local_cluster
+from conftest import (add_code, code_folder, compose_cluster, failure, local_cluster, logs,
+                      wait_for_log)
 from test_tf_stack import LAUNCH, run_to_end, tf_image  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.container
@@ -64,3 +65,34 @@ def test_a_script_that_never_joins_the_others_is_named(engine, tf_image, data, t
     warning = local_cluster.host_paths(spec, "algo-1").output_data_dir / \
         "WARNING-trained-alone.txt"
     assert warning.read_text().startswith(said)
+
+
+def test_a_process_that_raises_fails_the_job_naming_it(engine, tf_image, data, tmp_path, code):
+    """The others wait for it in a collective: it must leave at once, not sit in JAX's
+    shutdown barrier (up to 300 s) waiting for them."""
+    spec = guide_spec(tmp_path, tf_image, data, **{"fail-on-process": 1})
+    codes, output = run_to_end(engine, spec, "keras-raises", code)
+    assert codes == {"algo-1": 1, "algo-2": 1}, output
+    for host in ("algo-1", "algo-2"):
+        assert failure(spec, host).startswith(
+            "rank 1 on host algo-2 failed (exit code 1): ValueError: process 1 cannot parse its "
+            "data (at keras_guide_script.py, line"), failure(spec, host)
+
+
+def test_a_frozen_process_is_named_by_the_watchdog(engine, tf_image, data, tmp_path, code):
+    """The process on algo-1 waits in a collective for the frozen one and wants no CPU: the
+    launcher's watchdog ends the job within progress_timeout, naming the frozen process (JAX's
+    own heartbeat would take 100 s)."""
+    spec = guide_spec(tmp_path, tf_image, data, epochs=100000, progress_timeout=20)
+    with compose_cluster(engine, spec, "keras-frozen", edit=add_code(code)) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
+        engine.run("exec", cluster.containers()["algo-2"], "pkill", "-STOP", "-f",
+                   "train.script_runner")
+        codes = cluster.wait_all_exited(120)
+        output = logs(cluster)
+    assert codes == {"algo-1": 4, "algo-2": 4}, output
+    reason = failure(spec, "algo-1")
+    assert reason.startswith("no progress for ") and "(progress_timeout 20 s)" in reason, reason
+    # once mpirun wakes the frozen process to end it, its stack joins the other's
+    assert re.search(r"rank 1 on algo-2|ranks 0, 1 on algo-1, algo-2", reason), reason

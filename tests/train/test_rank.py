@@ -1,5 +1,6 @@
 """The rank wrapper's stop: a rank that does not poll exits when the stop arrives, but never
-from inside an import, where the exit would surface as that module's import failure."""
+from inside an import, where the exit would surface as that module's import failure. And its
+failure: a rank that fails leaves at once, whatever its teardown would wait for."""
 
 import signal
 import subprocess
@@ -60,3 +61,48 @@ def test_a_stop_outside_an_import_exits_at_once(tmp_path):
     code, out, err = stop_after(start_rank(tmp_path, "loop"), "started")
     assert code == 128 + signal.SIGTERM, err
     assert "importing" not in out.split() and "Traceback" not in err, err
+
+
+# A failing rank whose teardown waits for peers that wait for it: JAX registers its
+# distributed shutdown (a barrier across processes, up to 300 s) with atexit like this.
+FAILING = """
+import atexit, sys, time
+sys.path.insert(0, sys.argv[1])
+from train.rank import run_rank
+
+def teardown():
+    print("teardown", flush=True)
+    time.sleep(0 if sys.argv[2] == "0" else 300)
+
+def body(context):
+    atexit.register(teardown)
+    print("started", flush=True)
+    if sys.argv[2] == "raise":
+        raise ValueError("cannot parse row 7")
+    sys.exit(int(sys.argv[2]))
+
+run_rank(body)
+"""
+
+
+def fail(mode):
+    process = subprocess.run([sys.executable, "-c", FAILING, str(ROOT), mode], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    return process.returncode, process.stdout, process.stderr
+
+
+def test_a_rank_that_raises_leaves_at_once_with_its_report_and_traceback():
+    code, out, err = fail("raise")
+    assert code == 1, err
+    assert out == "started\n"
+    report, traceback = err.split("\n", 1)
+    assert "ValueError: cannot parse row 7" in report, err
+    assert traceback.startswith("Traceback") and "line 14, in body" in traceback, err
+
+
+def test_a_rank_that_exits_with_a_code_keeps_it_and_leaves_at_once():
+    code, out, err = fail("3")
+    assert code == 3, err
+    assert "exited with code 3" in err, err
+    assert out == "started\n"
+    assert fail("0")[:2] == (0, "started\nteardown\n")  # a clean exit tears down

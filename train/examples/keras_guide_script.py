@@ -20,6 +20,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--global-batch", type=int, default=64)
 parser.add_argument("--initialize", default="true")
+parser.add_argument("--fail-on-process", type=int, default=-1)
 parser.add_argument("--train", default=os.environ.get("SM_CHANNEL_TRAIN"))
 parser.add_argument("--model-dir", default=os.environ.get("SM_MODEL_DIR"))
 args, _ = parser.parse_known_args()
@@ -35,6 +36,8 @@ keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devi
 print(f"process {process} of {processes} on {os.environ['SM_CURRENT_HOST']}: "
       f"{len(devices)} devices, Keras {keras.__version__} on {keras.backend.backend()}",
       flush=True)
+if process == args.fail_on_process:
+    raise ValueError(f"process {process} cannot parse its data")
 
 files = sorted(os.path.join(args.train, name) for name in os.listdir(args.train))
 rows = np.concatenate([np.loadtxt(path, delimiter=",", ndmin=2) for path in files])
