@@ -7,13 +7,15 @@ a script that never joins the others is named for training one model per process
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import (add_code, code_folder, compose_cluster, failure, local_cluster, logs,
                       wait_for_log)
-from test_tf_stack import LAUNCH, run_to_end, tf_image  # noqa: F401 (a fixture)
+from test_tf_stack import (HOSTS, LAUNCH, NO_HANG, fault_seconds, run_to_end,  # noqa: F401
+                           tf_image)
 
 pytestmark = pytest.mark.container
 
@@ -96,3 +98,43 @@ def test_a_frozen_process_is_named_by_the_watchdog(engine, tf_image, data, tmp_p
     assert reason.startswith("no progress for ") and "(progress_timeout 20 s)" in reason, reason
     # once mpirun wakes the frozen process to end it, its stack joins the other's
     assert re.search(r"rank 1 on algo-2|ranks 0, 1 on algo-1, algo-2", reason), reason
+
+
+@pytest.mark.parametrize("victim, codes, survivor, cause", [
+    ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
+    ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: ")])
+def test_a_killed_host_fails_the_job_naming_it(engine, tf_image, data, tmp_path, code, victim,
+                                               codes, survivor, cause):
+    """The survivor's JAX sees its peer's connection reset within seconds; the launcher names
+    the lost host, as on the other stacks."""
+    spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
+    with compose_cluster(engine, spec, "keras-kill", edit=add_code(code)) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
+        fault_at = time.time()
+        engine.run("kill", "--signal", "KILL", cluster.containers()[victim])
+        exited = cluster.wait_all_exited(NO_HANG)
+        print(f"\nKeras 3 on JAX: {victim} killed, last exit "
+              f"{fault_seconds(engine, cluster, fault_at):.1f} s after the fault")
+        output = logs(cluster)
+    assert exited == codes, output
+    assert failure(spec, survivor).startswith(cause), failure(spec, survivor)
+
+
+def test_sigterm_stops_every_process_with_143(engine, tf_image, data, tmp_path, code):
+    """SageMaker's stop: every process leaves (together, so JAX's shutdown barrier is met at
+    once) and both hosts report the stop."""
+    spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
+    with compose_cluster(engine, spec, "keras-stop", edit=add_code(code)) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
+        fault_at = time.time()
+        engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
+        codes = cluster.wait_all_exited(NO_HANG)
+        print(f"\nKeras 3 on JAX: SIGTERM to algo-1, last exit "
+              f"{fault_seconds(engine, cluster, fault_at):.1f} s after it")
+        output = logs(cluster)
+    assert codes == {"algo-1": 143, "algo-2": 143}, output
+    for host in HOSTS:
+        assert failure(spec, host).startswith("training was stopped by a signal"), \
+            failure(spec, host)
