@@ -7,14 +7,13 @@ a script that never joins the others is named for training one model per process
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import (add_code, code_folder, compose_cluster, failure, local_cluster, logs,
                       wait_for_log)
-from test_tf_stack import (HOSTS, LAUNCH, NO_HANG, fault_seconds, run_to_end,  # noqa: F401
+from test_tf_stack import (HOSTS, LAUNCH, run_to_end, signal_in_epoch_3,  # noqa: F401
                            tf_image)
 
 pytestmark = pytest.mark.container
@@ -108,15 +107,7 @@ def test_a_killed_host_fails_the_job_naming_it(engine, tf_image, data, tmp_path,
     """The survivor's JAX sees its peer's connection reset within seconds; the launcher names
     the lost host, as on the other stacks."""
     spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
-    with compose_cluster(engine, spec, "keras-kill", edit=add_code(code)) as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
-        fault_at = time.time()
-        engine.run("kill", "--signal", "KILL", cluster.containers()[victim])
-        exited = cluster.wait_all_exited(NO_HANG)
-        print(f"\nKeras 3 on JAX: {victim} killed, last exit "
-              f"{fault_seconds(engine, cluster, fault_at):.1f} s after the fault")
-        output = logs(cluster)
+    exited, output = signal_in_epoch_3(engine, spec, code, "KILL", victim, "Keras 3 on JAX")
     assert exited == codes, output
     assert failure(spec, survivor).startswith(cause), failure(spec, survivor)
 
@@ -125,15 +116,7 @@ def test_sigterm_stops_every_process_with_143(engine, tf_image, data, tmp_path, 
     """SageMaker's stop: every process leaves (together, so JAX's shutdown barrier is met at
     once) and both hosts report the stop."""
     spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
-    with compose_cluster(engine, spec, "keras-stop", edit=add_code(code)) as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
-        fault_at = time.time()
-        engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
-        codes = cluster.wait_all_exited(NO_HANG)
-        print(f"\nKeras 3 on JAX: SIGTERM to algo-1, last exit "
-              f"{fault_seconds(engine, cluster, fault_at):.1f} s after it")
-        output = logs(cluster)
+    codes, output = signal_in_epoch_3(engine, spec, code, "TERM", "algo-1", "Keras 3 on JAX")
     assert codes == {"algo-1": 143, "algo-2": 143}, output
     for host in HOSTS:
         assert failure(spec, host).startswith("training was stopped by a signal"), \

@@ -125,6 +125,21 @@ def fault_seconds(engine, cluster, fault_at: float) -> float:
     return max(container_times(engine, containers[host])[1] for host in HOSTS) - fault_at
 
 
+def signal_in_epoch_3(engine, spec, code: Path, signal: str, victim: str,
+                      stack: str) -> tuple[dict[str, int], str]:
+    """Send `signal` to `victim`'s container once the leader trains its third epoch; (host ->
+    exit code, the logs), printing how long after the signal the last host exited."""
+    with compose_cluster(engine, spec, f"signal-{signal.lower()}", edit=add_code(code)) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
+        fault_at = time.time()
+        engine.run("kill", "--signal", signal, cluster.containers()[victim])
+        exited = cluster.wait_all_exited(NO_HANG)
+        print(f"\n{stack}: SIG{signal} to {victim}, last exit "
+              f"{fault_seconds(engine, cluster, fault_at):.1f} s after it")
+        return exited, logs(cluster)
+
+
 def test_a_worker_that_raises_fails_the_job_naming_it(engine, tf_image, data, tmp_path, code):
     spec = cluster_spec(tmp_path, tf_image, data, **{"fail-on-worker": 1})
     codes, output = run_to_end(engine, spec, "mwms-raises", code)
@@ -141,15 +156,7 @@ def test_a_worker_that_raises_fails_the_job_naming_it(engine, tf_image, data, tm
 def test_a_killed_host_fails_the_job_naming_it(engine, tf_image, data, tmp_path, code, victim,
                                                codes, survivor, cause):
     spec = cluster_spec(tmp_path, tf_image, data, epochs=500)
-    with compose_cluster(engine, spec, "mwms-kill", edit=add_code(code)) as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
-        fault_at = time.time()
-        engine.run("kill", "--signal", "KILL", cluster.containers()[victim])
-        exited = cluster.wait_all_exited(NO_HANG)
-        print(f"\nMWMS: {victim} killed, last exit {fault_seconds(engine, cluster, fault_at):.1f} "
-              "s after the fault")
-        output = logs(cluster)
+    exited, output = signal_in_epoch_3(engine, spec, code, "KILL", victim, "MWMS")
     assert exited == codes, output
     assert failure(spec, survivor).startswith(cause), failure(spec, survivor)
 
