@@ -149,6 +149,10 @@ def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int
     up a batch at a time (per sample costs 2x the throughput of tabular data)."""
     first_pass, skip = start
 
+    # Plain Python that builds datasets: AutoGraph's rewrite of it (and of the sources' own
+    # generators, which it converts recursively) has nothing to add, and under load it once
+    # turned a generator's `seed < 0` into a symbolic condition (OperatorNotAllowedInGraphError).
+    @tf.autograph.experimental.do_not_convert
     def one_pass(index: tf.Tensor) -> tf.data.Dataset:
         pass_seed = seed * PASS_SEEDS + index % PASS_SEEDS
         samples = source.samples(pass_seed).shuffle(config.shuffle_buffer, seed=pass_seed)
