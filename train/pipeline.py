@@ -150,10 +150,13 @@ def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int
     first_pass, skip = start
 
     # Plain Python that builds datasets: AutoGraph's rewrite of it (and of the sources' own
-    # generators, which it converts recursively) has nothing to add, and under load it once
-    # turned a generator's `seed < 0` into a symbolic condition (OperatorNotAllowedInGraphError).
+    # generators, which it converts recursively) has nothing to add.
     @tf.autograph.experimental.do_not_convert
     def one_pass(index: tf.Tensor) -> tf.data.Dataset:
+        # The pass's order depends on its seeds alone, not on the process's global seed: under a
+        # global seed of 0 (hyperparameter seed=0) TensorFlow compares a tensor op seed to 0 in
+        # Python and raises OperatorNotAllowedInGraphError. Only this function's graph is reset.
+        tf.random.set_seed(None)
         pass_seed = seed * PASS_SEEDS + index % PASS_SEEDS
         samples = source.samples(pass_seed).shuffle(config.shuffle_buffer, seed=pass_seed)
         if augment:  # each sample's own seed pair, so a resumed pass augments the same way

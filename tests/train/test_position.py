@@ -51,3 +51,20 @@ def test_the_stream_rebuilt_at_any_position_continues_it_exactly_across_passes(t
     for samples_done in (4, 28, 32, 61):
         resumed = stream(tmp_path, stream_start(samples_done, 1, 30), passes=10)
         assert list(resumed) == list(whole[samples_done:samples_done + 40]), samples_done
+
+
+@pytest.mark.parametrize("global_seed", [0, 5])
+def test_the_stream_depends_on_its_seed_alone_and_a_global_seed_of_0_is_allowed(tmp_path,
+                                                                                global_seed):
+    """seed=0 makes the trainer set TensorFlow's global seed to 0, under which TF 2.15 once
+    raised OperatorNotAllowedInGraphError while building a pass with a tensor seed."""
+    import tensorflow as tf
+    for index in range(2):
+        (tmp_path / f"{index}.csv").write_text("".join(f"{r % 3},{index * 6 + r}\n" for r in range(6)))
+    tf.random.set_seed(None)
+    reference = stream(tmp_path, (0, 0), passes=6)
+    tf.random.set_seed(global_seed)
+    try:
+        assert list(stream(tmp_path, (0, 0), passes=6)) == list(reference)
+    finally:
+        tf.random.set_seed(None)
