@@ -1,12 +1,16 @@
 """The served model: `load()` it, then `predict()` batches once it is `ready`.
 
-Which SavedModel: the one metadata.json names (`model_path`), else the one the model directory
+Which model: the one metadata.json names (`model_path`), else the one the model directory
 holds in any layout a TensorFlow model arrives in, as TensorFlow Serving finds it:
   /opt/ml/model/saved_model.pb                   the directory itself
   /opt/ml/model/<version>/saved_model.pb         TF Serving's base path
   /opt/ml/model/<name>/<version>/saved_model.pb  SageMaker's TF Serving layout (the exporter's)
   /opt/ml/model/<name>/saved_model.pb            a script's model.save(SM_MODEL_DIR/<name>)
+  /opt/ml/model/<name>.keras                     a script's model.save(SM_MODEL_DIR/<name>.keras)
 The highest numeric version wins; several differently named models are refused, naming them.
+A `.keras` file is loaded by the image's own Keras (Keras 3 on the TensorFlow 2.21 image, so
+a model a Keras 3 script trained on JAX is served; tf.keras 2.15 on the Horovod image), on
+its TensorFlow backend, and called like a SavedModel without a signature (below).
 
 How it is called: through its `serving_default` signature (input names, shapes and dtypes from
 the signature; outputs by name), which any SavedModel consumer uses. A Keras SavedModel saved
@@ -27,9 +31,13 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import json
 import logging
+import os
+import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -54,10 +62,16 @@ def _latest_version(folder: Path) -> Path | None:
     return max(versions, key=lambda child: int(child.name), default=None)
 
 
+KERAS_SUFFIX = ".keras"
+
+
 def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
-    """The SavedModel folder to serve (see the module docstring for the layouts)."""
+    """The SavedModel folder or `.keras` file to serve (see the module docstring for the
+    layouts)."""
     if metadata is not None:
         named = model_dir / metadata.model_path
+        if named.suffix == KERAS_SUFFIX and named.is_file():
+            return named
         if not named.is_dir():
             raise ModelLoadError(f"the SavedModel directory {named} named by {METADATA_FILE} "
                                  "model_path does not exist")
@@ -70,6 +84,8 @@ def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
         return found
     named = {child.name: path for child in sorted(model_dir.iterdir())
              if child.is_dir() and (path := _latest_version(child))}
+    named |= {child.name: child for child in sorted(model_dir.glob(f"*{KERAS_SUFFIX}"))
+              if child.is_file()}
     if len(named) == 1:
         return next(iter(named.values()))
     if named:
@@ -77,7 +93,8 @@ def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
                              f"or add a {METADATA_FILE} whose model_path names the one to serve")
     raise ModelLoadError(
         f"no model to serve: {model_dir} holds no TensorFlow SavedModel ({SAVED_MODEL_FILE} in "
-        f"it, in <version>/, <name>/ or <name>/<version>/) and no {METADATA_FILE}; save the "
+        f"it, in <version>/, <name>/ or <name>/<version>/), no <name>{KERAS_SUFFIX} file and no "
+        f"{METADATA_FILE}; save the "
         "model with model.save(os.path.join(os.environ['SM_MODEL_DIR'], 'model')) or "
         "train.distributed.export(model)")
 
@@ -215,6 +232,9 @@ class Model:
         """Load, trace and warm up the model; raise ModelLoadError saying what is wrong."""
         metadata = ModelMetadata.read(self.model_dir)
         path = find_saved_model(self.model_dir, metadata)
+        if path.suffix == KERAS_SUFFIX and "keras" not in sys.modules:
+            # Keras 3 picks its backend when first imported, which TensorFlow 2.21's import does
+            os.environ["KERAS_BACKEND"] = "tensorflow"
         import tensorflow as tf  # here, not at the top: see the module docstring
         from google.protobuf import message
 
@@ -222,6 +242,10 @@ class Model:
         # second worker (SAGEMAKER_MODEL_SERVER_WORKERS > 1) on the same GPU.
         for gpu in tf.config.list_physical_devices("GPU"):
             tf.config.experimental.set_memory_growth(gpu, True)
+        if path.suffix == KERAS_SUFFIX:
+            inputs, outputs = self._keras_forward(tf, _load_keras_file(path), metadata)
+            self._finish_load(inputs, outputs, metadata)
+            return
         try:
             _register_horovod_ops(tf, path)
             loaded = tf.saved_model.load(str(path))
@@ -232,6 +256,10 @@ class Model:
         signature = loaded.signatures.get(SIGNATURE)
         inputs, outputs = self._from_signature(signature) if signature is not None \
             else self._from_keras(tf, path, metadata)
+        self._finish_load(inputs, outputs, metadata)
+
+    def _finish_load(self, inputs: tuple[TensorSpec, ...], outputs: tuple[str, ...],
+                     metadata: ModelMetadata | None) -> None:
         self.interface = ModelInterface(inputs=inputs, outputs=outputs,
                                         classes=metadata.classes if metadata else None)
         self._warm_up()
@@ -255,8 +283,21 @@ class Model:
         except (OSError, ValueError, ImportError, tf.errors.OpError) as error:
             raise ModelLoadError(f"{path} has no {SIGNATURE} signature and is not a loadable "
                                  f"Keras SavedModel: {error}") from error
-        specs = [tf.TensorSpec(t.shape, t.dtype, name) for t, name in
-                 zip(keras_model.inputs, keras_model.input_names)]
+        return self._keras_forward(tf, keras_model, metadata)
+
+    def _keras_forward(self, tf, keras_model, metadata: ModelMetadata | None
+                       ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+        """A Keras model's forward pass on its own inputs, traced once (tf.keras or Keras 3 on
+        the TensorFlow backend)."""
+        if not getattr(keras_model, "inputs", None):
+            raise ModelLoadError(
+                f"the Keras model {keras_model.name!r} declares no inputs (a subclassed model "
+                "that was never built on a keras.Input); save it as a SavedModel with "
+                "model.export(os.path.join(os.environ['SM_MODEL_DIR'], 'model'))")
+        names = getattr(keras_model, "input_names", None) or [
+            t.name for t in keras_model.inputs]
+        specs = [tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype), name) for t, name in
+                 zip(keras_model.inputs, names)]
         if len(specs) == 1 and metadata and metadata.input_shape:  # the trainer's own exports
             specs = [tf.TensorSpec((None, *metadata.input_shape), tf.float32, specs[0].name)]
         names = list(keras_model.output_names)
@@ -310,3 +351,34 @@ class Model:
             log.info("model ready: %s", self.interface.describe())
         finally:
             self._settled.set()
+
+
+def _saved_by(path: Path) -> str:
+    """The Keras version a `.keras` file names in its metadata.json ("" if it names none)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return str(json.loads(archive.read("metadata.json")).get("keras_version", ""))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        raise ModelLoadError(f"{path} is not a Keras model file (a zip archive with "
+                             f"metadata.json): {error}") from error
+
+
+def _load_keras_file(path: Path):
+    """A `.keras` file loaded by the image's `keras` on its TensorFlow backend (Model.load
+    chose it; a model trained on JAX keeps backend-neutral weights)."""
+    saved_by = _saved_by(path)
+    import keras
+
+    if saved_by.startswith("3.") and keras.__version__.startswith("2."):
+        raise ModelLoadError(f"{path} was saved by Keras {saved_by}, which this image's Keras "
+                             f"{keras.__version__} cannot read; serve it with the TensorFlow "
+                             "2.21 image (make build-tf)")
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise ModelLoadError(f"Keras was already started on the {backend} backend; the server "
+                             "calls models through TensorFlow")
+    try:
+        return keras.models.load_model(str(path), compile=False)
+    except Exception as error:  # Keras raises many kinds for a file it cannot read
+        raise ModelLoadError(f"{path} is not a loadable Keras model: "
+                             f"{type(error).__name__}: {error}") from error

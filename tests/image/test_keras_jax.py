@@ -2,17 +2,20 @@
 started by the same launcher. The script is one in the shape of keras.io's distribution guide
 (train/examples/keras_guide_script.py): `keras.distribution.initialize()` with no arguments
 finds every process of every host from what the launcher's plan put in its environment, and
-a script that never joins the others is named for training one model per process."""
+a script that never joins the others is named for training one model per process; `serve`
+answers the `.keras` model it saved."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from conftest import (add_code, code_folder, compose_cluster, failure, local_cluster, logs,
-                      wait_for_log)
+from conftest import (add_code, code_folder, compose_cluster, failure, http, local_cluster,
+                      logs, serving, wait_for_log)
 from test_tf_stack import (HOSTS, LAUNCH, run_to_end, signal_in_epoch_3,  # noqa: F401
                            tf_image)
 
@@ -52,6 +55,15 @@ def test_a_keras_guide_script_trains_on_two_hosts_as_one_job(engine, tf_image, d
     assert not any(local_cluster.host_paths(spec, "algo-2").model_dir.iterdir())
     assert not (leader_paths.output_data_dir / "WARNING-trained-alone.txt").exists()
     assert failure(spec, "algo-1") == failure(spec, "algo-2") == ""
+    # serve answers the Keras 3 model the script trained on JAX, from its .keras file
+    rows = np.loadtxt(data / "validation" / "digits.csv", delimiter=",")[:50]
+    with serving(engine, tf_image, leader_paths.model_dir) as url:
+        status, answer = http("POST", f"{url}/invocations",
+                              json.dumps({"instances": (rows[:, 1:] / 16).tolist()}).encode(),
+                              {"Content-Type": "application/json"}, timeout=60)
+    assert status == 200, answer
+    logits = np.array(json.loads(answer)["predictions"])
+    assert logits.shape == (50, 10) and (logits.argmax(axis=1) == rows[:, 0]).mean() > 0.8
 
 
 def test_a_script_that_never_joins_the_others_is_named(engine, tf_image, data, tmp_path, code):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zipfile
 
 import numpy as np
 import pytest
@@ -124,6 +125,39 @@ def test_several_models_are_refused_naming_them(tf, tmp_path):
         linear(tf).save(str(model_dir / name / "1"))
     with pytest.raises(ModelLoadError, match="holds several models \\(first, second\\); keep "
                                              "one, or add a metadata.json"):
+        Model(model_dir).load()
+
+
+def test_a_script_s_keras_file_is_served_alone_or_named_by_metadata(tf, tmp_path):
+    """model.save(".../model.keras"): the format keras.io's guides save (Keras 3 scripts can
+    save no other; tests/image/test_keras_jax.py serves one trained on JAX)."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    linear(tf, 3.0).save(str(model_dir / "digits.keras"))
+    status, body = post(serve(model_dir), {"instances": ROWS})
+    assert status == 200, body
+    np.testing.assert_allclose(json.loads(body)["predictions"], expected(3.0), rtol=1e-6)
+    linear(tf).save(str(model_dir / "other.keras"))
+    with pytest.raises(ModelLoadError, match=r"several models \(digits.keras, other.keras\)"):
+        Model(model_dir).load()
+    (model_dir / "metadata.json").write_text(json.dumps({"model_path": "other.keras",
+                                                          "task": "regression"}))
+    status, body = post(serve(model_dir), {"instances": ROWS})
+    np.testing.assert_allclose(json.loads(body)["predictions"], expected(), rtol=1e-6)
+
+
+def test_a_keras_file_this_image_cannot_read_says_why(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.keras").write_bytes(b"not a zip")
+    with pytest.raises(ModelLoadError, match="model.keras is not a Keras model file"):
+        Model(model_dir).load()
+    with zipfile.ZipFile(model_dir / "model.keras", "w") as archive:  # as Keras 3 writes it
+        archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.1"}))
+        archive.writestr("config.json", "{}")
+    with pytest.raises(ModelLoadError, match="saved by Keras 3.15.1, which this image's Keras "
+                                             "2.15.0 cannot read; serve it with the TensorFlow "
+                                             "2.21 image"):
         Model(model_dir).load()
 
 
