@@ -27,6 +27,7 @@ from job.sagemaker_config import JobConfig
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
 from job.rank_job import Processes, RankJob
+from job.trainer_config import JAX
 from job.source_code import SDK_CHANNELS
 
 BUILTIN_CHANNELS = ("train", "validation", "weights")
@@ -177,8 +178,9 @@ def choose_backend(launch: LaunchConfig, stack: str) -> str:
 
 
 def processes_per_host(launch: LaunchConfig, gpu_count: int, backend: str = HOROVOD) -> int:
-    """The hyperparameter when given, else Horovod's one rank per GPU, else one
-    (MultiWorkerMirroredStrategy: one worker drives all of its host's GPUs)."""
+    """The hyperparameter when given, else Horovod's one rank per GPU (also the built-in
+    trainer's on JAX: its batch plan is per device), else one (MultiWorkerMirroredStrategy: one
+    worker drives all of its host's GPUs)."""
     return launch.processes_per_host or (max(gpu_count, 1) if backend == HOROVOD else 1)
 
 
@@ -287,8 +289,13 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     launch = settings.launch
     resources = job.resources
     backend = choose_backend(launch, stack)
+    keras_on_jax = not settings.program and settings.trainer.backend == JAX
+    if keras_on_jax and stack != TENSORFLOW:
+        raise ConfigError(f"backend=jax trains the built-in model with Keras 3 on JAX, which "
+                          f"{IMAGES[stack]} does not have; run it on {IMAGES[TENSORFLOW]}")
     cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,
-                          processes_per_host=processes_per_host(launch, gpu_count, backend),
+                          processes_per_host=processes_per_host(
+                              launch, gpu_count, HOROVOD if keras_on_jax else backend),
                           interface=resources.network_interface_name,
                           instance_type=resources.instance_type)
     workers = tf_workers(cluster, launch.tf_worker_port) if backend == TENSORFLOW else ()

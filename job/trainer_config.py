@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from job.hyperparameters import hp
 
+JAX = "jax"  # backend=jax: Keras 3 on JAX (train.framework)
+BACKEND_ENV = "TRAIN_KERAS_BACKEND"  # how train.rank_main tells train.framework before it loads
+
 
 @dataclass(frozen=True)
 class TrainerConfig:
@@ -48,6 +51,10 @@ class TrainerConfig:
                         choices=("adam", "sgd"))
     momentum: float = hp(0.9, "Momentum of the sgd optimizer.", minimum=0.0, maximum=0.999)
     fp16_allreduce: bool = hp(False, "Compress gradients to float16 for the allreduce.")
+    backend: str = hp(
+        "tensorflow", "tensorflow: tf.keras (Keras 2) with Horovod, or MultiWorkerMirroredStrategy "
+        "on the TensorFlow 2.21 image; jax: Keras 3 on JAX with keras.distribution (the "
+        "TensorFlow 2.21 image only).", choices=("tensorflow", "jax"))
     hidden_units: str = hp("256,128", "mlp: comma-separated sizes of the hidden layers.")
     conv_filters: str = hp("32,64", "cnn: comma-separated filter counts of the conv blocks.")
     dropout_rate: float = hp(0.1, "Dropout after each hidden block.", minimum=0.0,

@@ -6,10 +6,10 @@ import time
 from typing import Callable
 
 import numpy as np
-import tensorflow as tf
 from mpi4py import MPI
 
 from job.protocol import metrics_line
+from train.framework import keras
 from train.progress import Progress
 from train.rank import StopRequest, emit
 
@@ -36,7 +36,7 @@ def any_rank(flag: bool) -> bool:
     return bool(agreed[0])
 
 
-class StopOnRequest(tf.keras.callbacks.Callback):
+class StopOnRequest(keras.callbacks.Callback):
     """Stops every rank after the same optimizer step once any rank got the stop signal.
 
     # distributed: the ranks agree with a one-flag allreduce after each optimizer step (every
@@ -58,7 +58,7 @@ class StopOnRequest(tf.keras.callbacks.Callback):
             self.stopped = True
 
 
-class StepCount(tf.keras.callbacks.Callback):
+class StepCount(keras.callbacks.Callback):
     """Optimizer steps this process finished (the built-in trainer: one per batch), over every
     `fit` it is passed to."""
 
@@ -70,7 +70,7 @@ class StepCount(tf.keras.callbacks.Callback):
         self.count += 1
 
 
-class EpochReport(tf.keras.callbacks.Callback):
+class EpochReport(keras.callbacks.Callback):
     """Rank 0 prints one METRICS line per epoch (averaged over ranks: train.sync);
     the epoch a resumed job continues reports the steps it ran after the resume."""
 
@@ -103,7 +103,7 @@ class EpochReport(tf.keras.callbacks.Callback):
             emit(metrics_line(epoch + 1, values))
 
 
-class Checkpointer(tf.keras.callbacks.Callback):
+class Checkpointer(keras.callbacks.Callback):
     """Rank 0 saves a checkpoint every `every` epochs (and the last one)."""
 
     def __init__(self, save: Callable[[], None], every: int, epochs: int):
@@ -118,7 +118,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             self.save()
 
 
-class ReportProgress(tf.keras.callbacks.Callback):
+class ReportProgress(keras.callbacks.Callback):
     """Tells the launcher's watchdog that this rank finished an optimizer step (every
     `accumulation_steps` batches), a validation batch or an epoch; `first_step` continues the
     count of a resumed job."""

@@ -22,7 +22,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
+
+from train.framework import ON_JAX
 
 STATE = "state.json"
 PREFIX = "epoch-"
@@ -86,3 +89,47 @@ class CheckpointStore:
     @staticmethod
     def restore(checkpoint: tf.train.Checkpoint, folder: Path) -> None:
         checkpoint.read(str(folder / "ckpt")).assert_existing_objects_matched()
+
+
+class ArrayCheckpoint:
+    """tf.train.Checkpoint's write and read for Keras 3 on JAX, whose variables TensorFlow's
+    checkpoint cannot hold: this process's copy of every variable (train.sync.local_value),
+    in their fixed order, in one .npz. `read` checks the count and shapes and keeps the
+    values in `loaded` without assigning them: JAX assigns a variable that spans processes
+    only in step with every process (it checks that they all assign the same value), and rank
+    0 reads alone; every rank assigns them when rank 0 broadcasts them (train.sync)."""
+
+    def __init__(self, variables: list):
+        self.variables = variables
+        self.loaded: list[np.ndarray] | None = None
+
+    def write(self, prefix: str) -> None:
+        from train.sync import local_value
+
+        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+        np.savez(f"{prefix}.npz", *[local_value(v) for v in self.variables])
+
+    def read(self, prefix: str) -> ArrayCheckpoint:
+        with np.load(f"{prefix}.npz") as arrays:
+            values = [arrays[f"arr_{index}"] for index in range(len(arrays.files))]
+        shapes = [tuple(v.shape) for v in self.variables]
+        if [value.shape for value in values] != shapes:
+            raise ValueError(f"it holds {len(values)} arrays that do not match the model's and "
+                             f"optimizer's {len(shapes)} variables")
+        self.loaded = values
+        return self
+
+    def assert_existing_objects_matched(self) -> ArrayCheckpoint:
+        return self  # read checked them
+
+
+def loaded_values(checkpoint: tf.train.Checkpoint | ArrayCheckpoint) -> list | None:
+    """The values a checkpoint read but did not assign (ArrayCheckpoint), else None."""
+    return checkpoint.loaded if isinstance(checkpoint, ArrayCheckpoint) else None
+
+
+def variables_checkpoint(model, optimizer) -> tf.train.Checkpoint | ArrayCheckpoint:
+    """What a checkpoint holds: the model's and its optimizer's variables."""
+    if ON_JAX:
+        return ArrayCheckpoint(model.variables + optimizer.variables)
+    return tf.train.Checkpoint(model=model, optimizer=optimizer)

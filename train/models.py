@@ -14,30 +14,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from job.trainer_config import TrainerConfig
+from train.framework import has_gpu, keras
 
 
-def _normalise(inputs: tf.Tensor, mean: np.ndarray, variance: np.ndarray) -> tf.Tensor:
-    return tf.keras.layers.Normalization(mean=mean, variance=np.maximum(variance, 1e-6),
+def _normalise(inputs, mean: np.ndarray, variance: np.ndarray):
+    return keras.layers.Normalization(mean=mean, variance=np.maximum(variance, 1e-6),
                                          name="normalise")(inputs)
 
 
 def mlp(config: TrainerConfig, input_shape: tuple[int, ...], classes: int,
-        mean: np.ndarray, variance: np.ndarray) -> tf.keras.Model:
-    inputs = tf.keras.Input(shape=input_shape, name="features")
-    hidden = tf.keras.layers.Flatten()(inputs)
+        mean: np.ndarray, variance: np.ndarray) -> keras.Model:
+    inputs = keras.Input(shape=input_shape, name="features")
+    hidden = keras.layers.Flatten()(inputs)
     hidden = _normalise(hidden, mean.reshape(-1), variance.reshape(-1))
     for units in config.hidden_layer_sizes:
-        hidden = tf.keras.layers.Dense(units, activation="relu")(hidden)
-        hidden = tf.keras.layers.Dropout(config.dropout_rate)(hidden)
-    outputs = tf.keras.layers.Dense(classes, activation="softmax", name="probabilities")(hidden)
-    return tf.keras.Model(inputs, outputs, name="mlp")
+        hidden = keras.layers.Dense(units, activation="relu")(hidden)
+        hidden = keras.layers.Dropout(config.dropout_rate)(hidden)
+    outputs = keras.layers.Dense(classes, activation="softmax", name="probabilities")(hidden)
+    return keras.Model(inputs, outputs, name="mlp")
 
 
 def cnn(config: TrainerConfig, input_shape: tuple[int, ...], classes: int,
-        mean: np.ndarray, variance: np.ndarray) -> tf.keras.Model:
+        mean: np.ndarray, variance: np.ndarray) -> keras.Model:
     image_shape = config.image_dims or input_shape
     if int(np.prod(image_shape)) != int(np.prod(input_shape)):
         raise ValueError(f"image_shape {','.join(map(str, image_shape))} holds "
@@ -48,17 +48,17 @@ def cnn(config: TrainerConfig, input_shape: tuple[int, ...], classes: int,
     if len(image_shape) != 3:
         raise ValueError(f"the cnn model needs images (H,W,C); samples have shape "
                          f"{input_shape}: set image_shape, e.g. 28,28,1")
-    inputs = tf.keras.Input(shape=input_shape, name="features")
-    hidden = tf.keras.layers.Reshape(image_shape)(inputs)
+    inputs = keras.Input(shape=input_shape, name="features")
+    hidden = keras.layers.Reshape(image_shape)(inputs)
     hidden = _normalise(hidden, np.array(mean.mean()), np.array(variance.mean()))
     for filters in config.conv_filter_counts:
-        hidden = tf.keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(hidden)
+        hidden = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(hidden)
         if min(hidden.shape[1], hidden.shape[2]) >= 2:
-            hidden = tf.keras.layers.MaxPooling2D()(hidden)
-    hidden = tf.keras.layers.GlobalAveragePooling2D()(hidden)
-    hidden = tf.keras.layers.Dropout(config.dropout_rate)(hidden)
-    outputs = tf.keras.layers.Dense(classes, activation="softmax", name="probabilities")(hidden)
-    return tf.keras.Model(inputs, outputs, name="cnn")
+            hidden = keras.layers.MaxPooling2D()(hidden)
+    hidden = keras.layers.GlobalAveragePooling2D()(hidden)
+    hidden = keras.layers.Dropout(config.dropout_rate)(hidden)
+    outputs = keras.layers.Dense(classes, activation="softmax", name="probabilities")(hidden)
+    return keras.Model(inputs, outputs, name="cnn")
 
 
 def _channel_moments(mean: np.ndarray, variance: np.ndarray,
@@ -78,35 +78,35 @@ BATCH_NORM_MOMENTUM = 0.9
 
 def _application(factory, name: str):
     def build(config: TrainerConfig, input_shape: tuple[int, ...], classes: int,
-              mean: np.ndarray, variance: np.ndarray) -> tf.keras.Model:
+              mean: np.ndarray, variance: np.ndarray) -> keras.Model:
         if len(input_shape) != 3 or min(input_shape[:2]) < 32:
             raise ValueError(f"the {name} model needs images of at least 32x32 pixels; samples "
                              f"have shape {input_shape}: use an image channel (image folder or "
                              f"TFRecord images) and set image_size to 32 or more")
-        inputs = tf.keras.Input(shape=input_shape, name="features")
+        inputs = keras.Input(shape=input_shape, name="features")
         hidden = _normalise(inputs, *_channel_moments(mean, variance, input_shape[2]))
         backbone = factory(include_top=False, weights=None, input_shape=input_shape,
                            pooling="avg")
         for layer in backbone.layers:
-            if isinstance(layer, tf.keras.layers.BatchNormalization):
+            if isinstance(layer, keras.layers.BatchNormalization):
                 layer.momentum = BATCH_NORM_MOMENTUM
-        hidden = tf.keras.layers.Dropout(config.dropout_rate)(backbone(hidden))
-        outputs = tf.keras.layers.Dense(classes, activation="softmax", dtype="float32",
+        hidden = keras.layers.Dropout(config.dropout_rate)(backbone(hidden))
+        outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32",
                                         name="probabilities")(hidden)
-        return tf.keras.Model(inputs, outputs, name=name)
+        return keras.Model(inputs, outputs, name=name)
     return build
 
 
 BUILDERS = {"mlp": mlp, "cnn": cnn,
-            "resnet50": _application(tf.keras.applications.ResNet50, "resnet50"),
-            "mobilenet_v2": _application(tf.keras.applications.MobileNetV2, "mobilenet_v2")}
+            "resnet50": _application(keras.applications.ResNet50, "resnet50"),
+            "mobilenet_v2": _application(keras.applications.MobileNetV2, "mobilenet_v2")}
 IMAGE_MODELS = ("resnet50", "mobilenet_v2")
 
 
 def use_mixed_precision(model: str) -> bool:
     """float16 compute for the image models on GPUs (CPUs gain nothing from it)."""
-    if model in IMAGE_MODELS and tf.config.list_physical_devices("GPU"):
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    if model in IMAGE_MODELS and has_gpu():
+        keras.mixed_precision.set_global_policy("mixed_float16")
         return True
     return False
 
@@ -120,7 +120,7 @@ def initial_weights_file(folder: Path) -> Path:
     return files[0]
 
 
-def load_initial_weights(model: tf.keras.Model, path: Path) -> None:
+def load_initial_weights(model: keras.Model, path: Path) -> None:
     """Weights of the network without its head (a keras.applications `*_notop.h5` file)."""
     if model.name not in IMAGE_MODELS:
         raise ValueError(f"the weights channel sets initial weights of the "
@@ -128,7 +128,7 @@ def load_initial_weights(model: tf.keras.Model, path: Path) -> None:
                          f"to load")
     try:
         next(layer for layer in model.layers
-             if isinstance(layer, tf.keras.Model)).load_weights(str(path))
+             if isinstance(layer, keras.Model)).load_weights(str(path))
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: cannot load as initial weights of {model.name} "
                          f"without its classifier head ({error}); use the matching "

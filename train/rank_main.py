@@ -9,6 +9,7 @@ import gc
 import os
 
 from job.errors import ConfigError
+from job.trainer_config import BACKEND_ENV, JAX
 from train.rank import RankContext, run_rank
 from job.rank_job import read_rank_job
 
@@ -19,6 +20,8 @@ def main(context: RankContext) -> None:
         raise ConfigError(f"the launcher planned script mode ({job.program}), not the built-in "
                           "trainer; start ranks with `train`")
     os.environ.update(job.worker_environment(context.rank, context.local_rank))
+    if job.trainer.backend == JAX:  # before train.framework chooses the Keras to build with
+        os.environ.update({BACKEND_ENV: JAX, "KERAS_BACKEND": JAX})
     from train.trainer import train  # TensorFlow loads only after the stop handler is in place
 
     train(context, job.trainer, job.batches, job.tf_workers)

@@ -2,8 +2,9 @@
 
 A straight line: data -> model -> compile -> resume -> fit -> verify -> export. Lines that
 exist because training is distributed are marked `# distributed:`; how the ranks synchronise
-(Horovod, or TensorFlow's MultiWorkerMirroredStrategy on the TensorFlow 2.21 image) is
-train.sync's. Only rank 0 prints and keeps checkpoints and the model; every rank computes.
+(Horovod; on the TensorFlow 2.21 image TensorFlow's MultiWorkerMirroredStrategy, or Keras 3's
+keras.distribution on JAX) is train.sync's, and which Keras builds the model is
+train.framework's. Only rank 0 prints and keeps checkpoints and the model; every rank computes.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from job.protocol import Mark, mark_line, stopped_line
 from train.accumulation import AccumulatingModel
 from job.batching import BatchPlan
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
-from train.checkpoints import CheckpointStore
+from train.checkpoints import CheckpointStore, loaded_values, variables_checkpoint
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
+from train.framework import ON_JAX, keras
 from job.trainer_config import TrainerConfig
 from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
@@ -36,7 +38,7 @@ from train.position import JobPosition, stream_start
 from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
 from train.sharding import assign, readers
-from train.sync import Sync, synchronise
+from train.sync import Sync, local_value, synchronise
 
 
 def say(message: str) -> None:
@@ -120,18 +122,22 @@ def validation_source(context: RankContext, config: TrainerConfig, channel: Chan
     return source, count
 
 
-def compile_for_training(sync: Sync, model: tf.keras.Model, config: TrainerConfig,
+def compile_for_training(sync: Sync, model: keras.Model, config: TrainerConfig,
                          plan: BatchPlan, schedule: WarmupSchedule
-                         ) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer]:
+                         ) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """(what `fit` runs, its optimizer), compiled. # distributed: both average over ranks.
 
     One micro-batch per step: Keras' own step with the synchronising optimizer (train.sync).
     k micro-batches: AccumulatingModel (one step, one mean over ranks; with Horovod 1.2x
-    faster than its backward_passes_per_step, see its module).
+    faster than its backward_passes_per_step, see its module), or on Keras 3 its optimizer's
+    own accumulation (each micro-batch a batch of `fit`, an update every k).
     """
-    inner = tf.keras.optimizers.SGD(schedule, momentum=config.momentum) \
-        if config.optimizer == "sgd" else tf.keras.optimizers.Adam(schedule)
-    if plan.accumulation_steps == 1:
+    steps = plan.accumulation_steps
+    accumulate = {"gradient_accumulation_steps": steps} \
+        if sync.optimizer_accumulates and steps > 1 else {}
+    inner = keras.optimizers.SGD(schedule, momentum=config.momentum, **accumulate) \
+        if config.optimizer == "sgd" else keras.optimizers.Adam(schedule, **accumulate)
+    if steps == 1 or sync.optimizer_accumulates:
         stepper, optimizer = model, sync.optimizer(inner)
     else:
         stepper, optimizer = AccumulatingModel(
@@ -141,21 +147,20 @@ def compile_for_training(sync: Sync, model: tf.keras.Model, config: TrainerConfi
     return stepper, optimizer
 
 
-def weights_digest(model: tf.keras.Model) -> str:
+def weights_digest(model: keras.Model) -> str:
     digest = hashlib.sha256()
     for weight in model.weights:
-        digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+        digest.update(np.ascontiguousarray(local_value(weight)).tobytes())
     return digest.hexdigest()
 
 
-def average_batch_statistics(sync: Sync, model: tf.keras.Model) -> None:
+def average_batch_statistics(sync: Sync, model: keras.Model) -> None:
     """# distributed: batch normalisation's moving statistics are not trained, each rank keeps
     its own from its own batches; the exported model gets their average over ranks."""
-    sync.average_statistics([variable for variable in model.non_trainable_variables
-                             if variable.dtype.is_floating])
+    sync.average_statistics(model.non_trainable_variables)
 
 
-def verify_identical_weights(sync: Sync, model: tf.keras.Model) -> None:
+def verify_identical_weights(sync: Sync, model: keras.Model) -> None:
     """# distributed: every rank must end with the same model, or averaging silently broke."""
     digests = sync.allgather_object(weights_digest(model), name="weights_digest")
     if len(set(digests)) > 1:
@@ -167,13 +172,14 @@ def verify_identical_weights(sync: Sync, model: tf.keras.Model) -> None:
 
 def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
           tf_workers: tuple[str, ...] = ()) -> None:
-    """Train with the config and batch plan that the launcher validated (job.rank_job), over
-    MultiWorkerMirroredStrategy when it planned `tf_workers`, else Horovod."""
-    sync = synchronise(tf_workers, context.local_size, config.fp16_allreduce)
+    """Train with the config and batch plan that the launcher validated (job.rank_job): Keras 3
+    on JAX for backend=jax, else over MultiWorkerMirroredStrategy when it planned
+    `tf_workers`, else Horovod."""
+    sync = synchronise(config.backend, tf_workers, context.local_size, config.fp16_allreduce)
     if sync.size != plan.world_size:
         raise PlatformError(f"{sync.name} sees {sync.size} ranks but the launcher planned "
                             f"{plan.world_size}")
-    tf.keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
+    keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
     paths = context.paths
     layout = sync.allgather_object(f"{context.rank}@{context.host}", name="layout")
     say(f"{sync.size} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, {sync.name}")
@@ -203,7 +209,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
     if use_mixed_precision(config.model):
         say("mixed precision: float16 compute, float32 variables")
 
-    def build() -> tf.keras.Model:
+    def build() -> keras.Model:
         return BUILDERS[config.model](config, shape, len(classes), mean, variance)
 
     with sync.scope():
@@ -215,7 +221,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         stepper, optimizer = compile_for_training(sync, model, config, plan, schedule)
         optimizer.build(model.trainable_variables)
 
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    checkpoint = variables_checkpoint(model, optimizer)
     store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
     start, history = JobPosition(0, 0, 0), {}
     if sync.rank == 0:
@@ -232,12 +238,16 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
     StopRequest.arm()
     start = sync.broadcast_object(start, name="start")
     # distributed: every rank starts from rank 0's weights and optimizer state.
-    sync.broadcast_variables(model.variables + optimizer.variables)
+    sync.broadcast_variables(model.variables + optimizer.variables, loaded_values(checkpoint))
 
-    steps = StepCount()
+    # Batches of `fit` per optimizer step: 1, or k micro-batches when Keras 3's optimizer
+    # accumulates them (train.accumulation's step takes all k in one batch).
+    batches_per_step = plan.accumulation_steps if sync.optimizer_accumulates else 1
+    batches = StepCount()
 
     def position() -> JobPosition:
-        return start.after(steps.count, plan.global_batch, steps_per_epoch)
+        return start.after(batches.count // batches_per_step, plan.global_batch,
+                           steps_per_epoch)
 
     def write(**state) -> None:
         """The checkpoint of where the job stands (batch statistics already averaged)."""
@@ -252,16 +262,16 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         average_batch_statistics(sync, model)  # so a resumed job goes on as if never stopped
         write()
 
-    stop = StopOnRequest(accumulation_steps=1)  # every batch is one optimizer step
-    report = EpochReport(plan.global_batch, lambda: float(schedule(optimizer.iterations)),
-                         history)
+    stop = StopOnRequest(accumulation_steps=batches_per_step)  # at an optimizer step
+    report = EpochReport(plan.global_batch // batches_per_step,
+                         lambda: float(schedule(local_value(optimizer.iterations))), history)
     callbacks = [*sync.callbacks(),  # distributed: average epoch metrics
-                 steps, stop, report,
+                 batches, stop, report,
                  Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
-                 ReportProgress(first_step=start.epochs_done * steps_per_epoch
+                 ReportProgress(batches_per_step, first_step=start.epochs_done * steps_per_epoch
                                 + start.steps_in_epoch)]
     if sync.rank == 0:
-        callbacks.append(tf.keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
+        callbacks.append(keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
                                                         profile_batch=0, write_graph=False))
 
     def fit(epochs: int, steps_each: int) -> None:
@@ -270,10 +280,11 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         now = position()
         say(f"training from {now.describe()} to the end of epoch {epochs}")
         stepper.fit(sync.distribute(training_input(
-                        train_source, lookup, plan.per_device_batch, config,
+                        train_source, lookup, plan.per_device_batch // batches_per_step, config,
                         config.seed + context.rank, augment=config.augment and len(shape) == 3,
                         start=stream_start(now.samples_done, plan.world_size, share))),
-                    steps_per_epoch=steps_each, epochs=epochs, initial_epoch=now.epochs_done,
+                    steps_per_epoch=steps_each * batches_per_step, epochs=epochs,
+                    initial_epoch=now.epochs_done,
                     validation_data=validation, validation_steps=validation_steps,
                     callbacks=callbacks, verbose=0)
 
@@ -297,7 +308,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
             "feature_count": int(np.prod(shape)), "model": config.model,
             "epochs": config.epochs, "world_size": sync.size,
             "global_batch": plan.global_batch, "final_metrics": final,
-            "tensorflow": tf.__version__})
+            "tensorflow": tf.__version__, **({"keras": keras.__version__} if ON_JAX else {})})
         if report.history:
             write_history(report.history, paths.output_data_dir)
         summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()

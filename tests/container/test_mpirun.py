@@ -308,3 +308,21 @@ def test_the_horovod_image_keeps_its_plan_when_the_sdk_says_mpi():
     the_job = job(["algo-1", "algo-2"], "algo-1", {"sagemaker_mpi_enabled": "true"})
     assert plan(the_job).job == default_job(2, "algo-1:7777") and plan(the_job).mpirun == argv(
         job(["algo-1", "algo-2"], "algo-1"))
+
+
+def test_the_builtin_trainer_on_jax_runs_a_process_per_gpu_and_only_where_jax_is():
+    """backend=jax: Keras 3 on JAX, whose batch plan is per device like Horovod's (one process
+    per GPU, each told its own); the Horovod image has no JAX and says which image has."""
+    the_job = job(["algo-1", "algo-2"], "algo-1", {"backend": "jax"})
+    settings = validate_hyperparameters(the_job.hyperparameters, ENV)
+    the_plan = make_plan(the_job, settings, gpu_count=4, python=PYTHON,
+                         runtime=Path("/run/job"), environ=ENV, stack="tf")
+    assert the_plan.cluster.processes_per_host == 4 and the_plan.job.batches.world_size == 8
+    assert [the_plan.job.worker_environment(5, local)["JAX_LOCAL_DEVICE_IDS"]
+            for local in range(4)] == ["0", "1", "2", "3"]
+    assert the_plan.job.trainer.backend == "jax"
+    with pytest.raises(ConfigError, match=r"backend=jax trains the built-in model with Keras 3 "
+                                          r"on JAX, which the Horovod image .* does not have; "
+                                          r"run it on the TensorFlow 2.21 image"):
+        make_plan(the_job, settings, gpu_count=0, python=PYTHON, runtime=Path("/run/job"),
+                  environ=ENV, stack="horovod")

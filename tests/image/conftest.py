@@ -166,6 +166,21 @@ def serving(engine, image: str, model: Path) -> Iterator[str]:
         engine.run("rm", "-f", name, check=False)
 
 
+def assert_serves_the_digits(engine, image: str, model: Path, data: Path) -> None:
+    """`serve` from `image` answers 50 validation digits with their classes, 40 right or more."""
+    import numpy as np
+
+    rows = np.loadtxt(data / "validation" / "digits.csv", delimiter=",")[:50]
+    with serving(engine, image, model) as url:
+        status, answer = http("POST", f"{url}/invocations",
+                              json.dumps({"instances": rows[:, 1:].tolist()}).encode(),
+                              {"Content-Type": "application/json"}, timeout=60)
+    assert status == 200, answer
+    predictions = json.loads(answer)["predictions"]
+    correct = sum(str(p["class"]) == str(int(label)) for p, label in zip(predictions, rows[:, 0]))
+    assert correct >= 40, predictions[:3]
+
+
 def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
     """Poll `host`'s log until it holds `text`; AssertionError if it exits or the time is up."""
     deadline = time.monotonic() + timeout
@@ -192,7 +207,7 @@ def tear_newest_checkpoint(spec, epochs: int) -> tuple[Path, Path]:
     it), and every host's job set to run `epochs` epochs when it starts again; the checkpoint
     before it (where the job must resume) and the torn one."""
     before, newest = leader_checkpoints(spec)[-2:]
-    variables = next(newest.glob("ckpt.data-*"))
+    variables = next(newest.glob("ckpt.[dn]*"))  # TensorFlow's ckpt.data-*, Keras 3's ckpt.npz
     variables.write_bytes(variables.read_bytes()[:64])
     set_epochs(spec, epochs)
     return before, newest

@@ -9,11 +9,11 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from conftest import (REPO, compose_cluster, http, local_cluster, newest_checkpoint,
-                      restart, serving, set_epochs, tear_newest_checkpoint, wait_for_log)
+from conftest import (REPO, assert_serves_the_digits, compose_cluster, local_cluster,
+                      newest_checkpoint, restart, set_epochs, tear_newest_checkpoint,
+                      wait_for_log)
 from test_tf_stack import BUILTIN, NO_HANG, cluster_spec, tf_image  # noqa: F401
 
 pytestmark = pytest.mark.container
@@ -37,15 +37,7 @@ def test_the_builtin_trainer_trains_on_two_hosts_and_serve_answers_its_model(eng
     assert metadata["world_size"] == 2 and metadata["final_metrics"]["val_accuracy"] > 0.9
     assert metadata["tensorflow"] == "2.21.0"
     assert not any(local_cluster.host_paths(spec, "algo-2").model_dir.iterdir())
-    rows = np.loadtxt(data / "validation" / "digits.csv", delimiter=",")[:50]
-    with serving(engine, tf_image, model) as url:
-        status, answer = http("POST", f"{url}/invocations",
-                              json.dumps({"instances": rows[:, 1:].tolist()}).encode(),
-                              {"Content-Type": "application/json"}, timeout=60)
-    assert status == 200, answer
-    predictions = json.loads(answer)["predictions"]
-    correct = sum(str(p["class"]) == str(int(label)) for p, label in zip(predictions, rows[:, 0]))
-    assert correct >= 40, predictions[:3]
+    assert_serves_the_digits(engine, tf_image, model, data)
 
 
 def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_torn_one(
