@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import (assert_serves_the_digits, compose_cluster, local_cluster,
-                      newest_checkpoint, restart, wait_for_log)
-from test_tf_stack import BUILTIN, NO_HANG, cluster_spec, tf_image  # noqa: F401
+                      newest_checkpoint, restart)
+from test_tf_stack import (BUILTIN, cluster_spec, stop_the_leader_in_epoch_2,  # noqa: F401
+                           tf_image)
 
 pytestmark = pytest.mark.container
 
@@ -66,12 +67,7 @@ def test_the_builtin_trainer_on_jax_stopped_mid_epoch_ends_as_a_job_never_stoppe
     weights and optimizer state of the job never stopped."""
     spec = cluster_spec(tmp_path, tf_image, data, base=ON_JAX, **EXACT)
     with compose_cluster(engine, spec, "jax-resume") as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "METRICS epoch=1 ", timeout=300)
-        engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
-        codes = cluster.wait_all_exited(NO_HANG)
-        stopped = cluster.logs("algo-1")
-        assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
+        stopped = stop_the_leader_in_epoch_2(engine, cluster)
         _, state = newest_checkpoint(spec)
         assert state.get("interrupted") is True and state["epoch_samples"] % 16 == 0, state
         restart(cluster, spec)

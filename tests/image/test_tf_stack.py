@@ -71,6 +71,18 @@ def run_to_end(engine, spec, name: str, code: Path) -> tuple[dict[str, int], str
         return codes, logs(cluster)
 
 
+def stop_the_leader_in_epoch_2(engine, cluster) -> str:
+    """Start the 2-host `cluster`, SIGTERM its leader once epoch 1 is reported; both hosts
+    must stop with 143 within NO_HANG s. The leader's log."""
+    cluster.compose("up", "-d", capture=True, timeout=300)
+    wait_for_log(cluster, "algo-1", "METRICS epoch=1 ", timeout=300)
+    engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
+    codes = cluster.wait_all_exited(NO_HANG)
+    stopped = cluster.logs("algo-1")
+    assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
+    return stopped
+
+
 def cluster_spec(tmp_path, image, data, hosts=2, base=FAST, **hyperparameters):
     values = {k: str(v) for k, v in {**base, **hyperparameters}.items()}
     return local_cluster.ClusterSpec(hosts=hosts, workdir=tmp_path / "cluster", data=data,

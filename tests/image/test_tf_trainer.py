@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from conftest import (REPO, assert_serves_the_digits, compose_cluster, local_cluster,
-                      newest_checkpoint, restart, set_epochs, tear_newest_checkpoint,
-                      wait_for_log)
-from test_tf_stack import BUILTIN, NO_HANG, cluster_spec, tf_image  # noqa: F401
+                      newest_checkpoint, restart, set_epochs, tear_newest_checkpoint)
+from test_tf_stack import (BUILTIN, cluster_spec, stop_the_leader_in_epoch_2,  # noqa: F401
+                           tf_image)
 
 pytestmark = pytest.mark.container
 
@@ -52,12 +52,7 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_
     spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=10,
                         per_device_batch_size=4, dropout_rate=0)
     with compose_cluster(engine, spec, "mwms-resume") as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "METRICS epoch=1 ", timeout=300)
-        engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
-        codes = cluster.wait_all_exited(NO_HANG)
-        stopped = cluster.logs("algo-1")
-        assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
+        stopped = stop_the_leader_in_epoch_2(engine, cluster)
         newest, state = newest_checkpoint(spec)
         assert state.get("interrupted") is True, (state, stopped[-4000:])
         epochs = state["epochs_done"] + 2
