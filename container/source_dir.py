@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from container import untar
@@ -159,15 +160,27 @@ def replace_contents(folder: Path, staging: Path) -> None:
         shutil.move(str(entry), folder / entry.name)
 
 
+WARM_POOL_CACHE = "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY"
+
+
+def pip_install_command(name: str, environ: Mapping[str, str]) -> list[str]:
+    """pip's command for the requirements file `name`. On a warm-pool instance SageMaker sets
+    WARM_POOL_CACHE to a folder that outlives the job: pip's cache goes there, so the next job
+    on the instance installs from the wheels this one downloaded or built."""
+    cache = environ.get(WARM_POOL_CACHE)
+    return [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+            *(["--cache-dir", str(Path(cache) / "pip")] if cache else []), "-r", name]
+
+
 def install_requirements(code_dir: Path, uri: str, name: str) -> None:
     """pip-install the code's requirements file (requirements.txt, or the one SDK 3's
     SourceCode names) into this host's Python, from the code folder (so relative paths in
     it, such as a bundled wheel, resolve there)."""
     if not (code_dir / name).is_file():
         return
-    command = [sys.executable, "-m", "pip", "install", "--no-input",
-               "--disable-pip-version-check", "-r", name]
-    print(f"launcher: installing {name} of the submit directory", flush=True)
+    command = pip_install_command(name, os.environ)
+    cached = " (pip's cache in the warm pool's folder)" if "--cache-dir" in command else ""
+    print(f"launcher: installing {name} of the submit directory{cached}", flush=True)
     result = subprocess.run(command, cwd=code_dir, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     print(result.stdout, end="", flush=True)

@@ -139,6 +139,11 @@ class TrainingJob:
     # SageMaker encrypts what the job's instances send each other: OpenMPI's links, TensorFlow's
     # workers and the coordinator send in the clear otherwise (docs/sagemaker.md); slower.
     encrypt_inter_container_traffic: bool = False
+    # A warm pool: SageMaker keeps the instances this long after the job, and a next job with
+    # the same image, instance type and count starts on them without provisioning.
+    keep_alive_seconds: int = 0
+    # TensorBoard event files (the trainer's /opt/ml/output/tensorboard) uploaded while it runs
+    tensorboard_s3_uri: str = ""
 
     def __post_init__(self) -> None:
         _at_least_one(self.instance_count, "instance count")
@@ -150,6 +155,13 @@ class TrainingJob:
         check_s3_uri(self.output_path, "output path")
         if self.checkpoint_s3_uri:
             check_s3_uri(self.checkpoint_s3_uri, "checkpoint S3 URI")
+        if self.tensorboard_s3_uri:
+            check_s3_uri(self.tensorboard_s3_uri, "TensorBoard S3 URI")
+        _require(0 <= self.keep_alive_seconds <= cap.MAX_KEEP_ALIVE_SECONDS,
+                 f"keep-alive {self.keep_alive_seconds} s is outside SageMaker's warm-pool "
+                 f"range 0 .. {cap.MAX_KEEP_ALIVE_SECONDS} s")
+        _require(not (self.keep_alive_seconds and self.spot),
+                 "a warm pool (keep-alive) cannot be used with managed spot training")
         self._check_spot()
         values, program = check_job_hyperparameters(self.hyperparameters, self.environment)
         object.__setattr__(self, "hyperparameters", values)
@@ -206,7 +218,9 @@ def training_job_request(job: TrainingJob) -> dict[str, Any]:
         "OutputDataConfig": {"S3OutputPath": job.output_path},
         "ResourceConfig": {"InstanceType": job.instance_type,
                            "InstanceCount": job.instance_count,
-                           "VolumeSizeInGB": job.volume_size_gb},
+                           "VolumeSizeInGB": job.volume_size_gb,
+                           **({"KeepAlivePeriodInSeconds": job.keep_alive_seconds}
+                              if job.keep_alive_seconds else {})},
         "StoppingCondition": {"MaxRuntimeInSeconds": job.max_runtime_seconds},
         "EnableManagedSpotTraining": job.spot,
     }
@@ -217,6 +231,9 @@ def training_job_request(job: TrainingJob) -> dict[str, Any]:
     if job.checkpoint_s3_uri:
         request["CheckpointConfig"] = {"S3Uri": job.checkpoint_s3_uri,
                                        "LocalPath": cap.CHECKPOINT_LOCAL_PATH}
+    if job.tensorboard_s3_uri:
+        request["TensorBoardOutputConfig"] = {"S3OutputPath": job.tensorboard_s3_uri,
+                                              "LocalPath": cap.TENSORBOARD_LOCAL_PATH}
     if job.environment:
         request["Environment"] = dict(job.environment)
     if job.vpc:

@@ -30,6 +30,8 @@ TRAINING_CONTENT_TYPES = tuple(CONTENT_TYPES)  # what the trainer reads (train/d
 TRAINING_INPUT_MODES = ("File", "FastFile")
 S3_DISTRIBUTIONS = DISTRIBUTIONS
 CHECKPOINT_LOCAL_PATH = str(MlPaths().checkpoint_dir)
+TENSORBOARD_LOCAL_PATH = str(MlPaths().tensorboard_dir)  # where the trainer writes events
+MAX_KEEP_ALIVE_SECONDS = 21600  # KeepAlivePeriodInSeconds' range in the API (botocore's schema)
 
 SERVING_CONTENT_TYPES = MEDIA_TYPES  # what `serve` decodes, and answers in
 SERVING_RESPONSE_TYPES = MEDIA_TYPES

@@ -119,7 +119,8 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
         spot=args.spot, max_wait_seconds=args.max_wait,
         checkpoint_s3_uri=args.checkpoint_s3 or "", vpc=_vpc(args),
         tags=_pairs(args.tag, "--tag"),
-        encrypt_inter_container_traffic=args.encrypt_inter_container_traffic)
+        encrypt_inter_container_traffic=args.encrypt_inter_container_traffic,
+        keep_alive_seconds=args.keep_alive, tensorboard_s3_uri=args.tensorboard_s3 or "")
 
 
 def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
@@ -248,6 +249,13 @@ def parser() -> argparse.ArgumentParser:
                        help="spot only: waiting plus running time, >= --max-runtime")
     train.add_argument("--checkpoint-s3", metavar="S3_URI",
                        help=f"synced with {cap.CHECKPOINT_LOCAL_PATH} so restarts resume")
+    train.add_argument("--tensorboard-s3", metavar="S3_URI",
+                       help=f"where SageMaker uploads {cap.TENSORBOARD_LOCAL_PATH} while the job "
+                       "runs (the trainer's TensorBoard event files)")
+    train.add_argument("--keep-alive", type=int, default=0, metavar="SECONDS",
+                       help="keep the instances this long in a warm pool after the job "
+                       f"(0 .. {cap.MAX_KEEP_ALIVE_SECONDS}); a next job on them starts at "
+                       "once and reuses the pip cache of its scripts' requirements")
     train.add_argument("--tag", action="append", metavar="KEY=VALUE")
     train.add_argument("--encrypt-inter-container-traffic", action="store_true",
                        help="SageMaker encrypts the traffic between the job's instances "

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from container.source_dir import extract
+from container.source_dir import WARM_POOL_CACHE, extract, pip_install_command
 from job.errors import ConfigError
 
 from tests.conftest import TRAIN
@@ -92,14 +92,26 @@ def test_the_environment_variable_and_requirements_installed_once(make_job, sour
     wheel = write_wheel(source / "wheels", package, "1.0", "GREETING = 'hi'\n")
     (source / "requirements.txt").write_text(f"./wheels/{wheel.name}\n")
     root = make_job({"sagemaker_program": "train.py"})
+    cache = tmp_path / "warm-pool-cache"  # SageMaker's folder that outlives a warm-pool job
     try:
-        result = dry_run(root, {"SAGEMAKER_SUBMIT_DIRECTORY": str(source)})
+        result = dry_run(root, {"SAGEMAKER_SUBMIT_DIRECTORY": str(source),
+                                WARM_POOL_CACHE: str(cache)})
         assert_fetched(root, result)
+        assert ("installing requirements.txt of the submit directory (pip's cache in the warm "
+                "pool's folder)") in result.stdout
         imported = subprocess.run([sys.executable, "-c", f"import {package}; "
                                    f"print({package}.GREETING)"], capture_output=True, text=True)
         assert imported.stdout.strip() == "hi", imported.stderr
     finally:
         uninstall(package)
+
+
+def test_pip_keeps_its_cache_in_the_warm_pool_folder_only_when_sagemaker_gives_one():
+    assert pip_install_command("requirements.txt", {})[-5:] == [
+        "install", "--no-input", "--disable-pip-version-check", "-r", "requirements.txt"]
+    warm = pip_install_command("reqs.txt", {WARM_POOL_CACHE: "/opt/ml/sagemaker/warmpoolcache"})
+    assert warm[warm.index("--cache-dir") + 1] == "/opt/ml/sagemaker/warmpoolcache/pip"
+    assert warm[-2:] == ["-r", "reqs.txt"]
 
 
 def expect_config_error(root, *fragments, env=None):

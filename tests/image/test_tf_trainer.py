@@ -81,7 +81,7 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_
 
 
 def test_the_stacks_benchmark_runs_both_images(image, tf_image, tmp_path):
-    """`make bench` item 9 at its tiny size: the same job in both images, numbers well formed
+    """`make bench` item 9 at its tiny size: the same job on the three stacks, numbers well formed
     (never compared with the target here: this machine is shared)."""
     done = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--only", "9", "--image",
                            image, "--tf-image", tf_image, "--results", str(tmp_path / "results"),
@@ -91,6 +91,8 @@ def test_the_stacks_benchmark_runs_both_images(image, tf_image, tmp_path):
     rows = json.loads((tmp_path / "results" / "bench-tiny-latest.json").read_text())[
         "measurements"]
     assert [row["metric"] for row in rows] == [
-        "stacks: MWMS (TF 2.21) vs Horovod (TF 2.15), 2 ranks",
-        "stacks: Horovod scaling, 2 ranks vs 1", "stacks: MWMS scaling, 2 ranks vs 1"]
+        "stacks: MWMS (TF 2.21 image) vs Horovod (TF 2.15), 2 ranks",
+        "stacks: Keras 3 on JAX (TF 2.21 image) vs Horovod (TF 2.15), 2 ranks",
+        "stacks: Horovod scaling, 2 ranks vs 1", "stacks: MWMS scaling, 2 ranks vs 1",
+        "stacks: Keras 3 on JAX scaling, 2 ranks vs 1"]
     assert all(row["value"] > 0 and row["reference"] > 0 for row in rows), rows

@@ -66,6 +66,8 @@ COMBINATIONS = {
     "script-mode": dict(
         hyperparameters={"sagemaker_program": "my_train.py", "my_own_flag": "yes"},
         channels=(b.TrainingChannel("images", "s3://my-bucket/images/"),)),
+    "warm-pool-and-tensorboard": dict(
+        keep_alive_seconds=1800, tensorboard_s3_uri="s3://my-bucket/tensorboard/run-1"),
     "script-mode-from-environment": dict(
         environment={"SAGEMAKER_PROGRAM": "my_train.py"}, channels=(),
         hyperparameters={"anything": 1}),
@@ -100,6 +102,17 @@ def test_distributed_spot_details_reach_the_request():
     assert vpc["InputDataConfig"][0]["ContentType"] == "text/csv"
 
 
+def test_a_warm_pool_and_live_tensorboard_reach_the_request():
+    request = b.training_job_request(job(**COMBINATIONS["warm-pool-and-tensorboard"]))
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 1800
+    assert request["TensorBoardOutputConfig"] == {
+        "S3OutputPath": "s3://my-bucket/tensorboard/run-1",
+        "LocalPath": "/opt/ml/output/tensorboard"}  # where the trainer writes its events
+    plain = b.training_job_request(job())
+    assert "KeepAlivePeriodInSeconds" not in plain["ResourceConfig"]
+    assert "TensorBoardOutputConfig" not in plain
+
+
 REFUSED = {
     "zero instances": (dict(instance_count=0), "instance count must be a whole number of at least 1"),
     "negative instances": (dict(instance_count=-2), "instance count must be"),
@@ -115,6 +128,13 @@ REFUSED = {
                                 "max wait 3600 s is less than max runtime 7200 s"),
     "spot without wait": (dict(spot=True), "managed spot training needs a max wait"),
     "wait without spot": (dict(max_wait_seconds=90000), "max wait applies to managed spot training only"),
+    "keep-alive beyond the API's range": (dict(keep_alive_seconds=21601),
+                                          "keep-alive 21601 s is outside SageMaker's warm-pool "
+                                          "range 0 .. 21600 s"),
+    "warm pool with spot": (dict(keep_alive_seconds=60, spot=True, max_wait_seconds=90000),
+                            "a warm pool (keep-alive) cannot be used with managed spot"),
+    "tensorboard not s3": (dict(tensorboard_s3_uri="/tmp/tb"),
+                           "TensorBoard S3 URI '/tmp/tb' is not an S3 URI"),
     "runtime beyond 28 days": (dict(max_runtime_seconds=29 * 86400), "above SageMaker's limit"),
     "unknown hyperparameter": (dict(hyperparameters={"learning_rte": "0.1"}),
                                "unknown hyperparameter(s) learning_rte (did you mean learning_rate"),
@@ -188,6 +208,16 @@ def test_cli_dry_run_prints_the_request_and_makes_no_client(capsys, no_clients):
         ("validation", "FastFile", "text/csv", "FullyReplicated")]
     assert request["HyperParameters"] == {"epochs": "3"}
     assert request["Environment"] == {"NCCL_DEBUG": "WARN"}
+
+
+def test_cli_asks_for_a_warm_pool_and_live_tensorboard(capsys, no_clients):
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--keep-alive", "900",
+                            "--tensorboard-s3", "s3://my-bucket/tb", "--dry-run"],
+                    make_clients=no_clients) == 0
+    [step] = json.loads(capsys.readouterr().out)
+    botocore_accepts("CreateTrainingJob", step["request"])
+    assert step["request"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
+    assert step["request"]["TensorBoardOutputConfig"]["S3OutputPath"] == "s3://my-bucket/tb"
 
 
 def test_cli_turns_on_inter_container_traffic_encryption(capsys, no_clients):
