@@ -35,6 +35,8 @@ What it does, on every host of the job:
    and in <ml-root>/output/data (container.empty_model).
 7. No progress for `progress_timeout` seconds: every rank's stack to the log, the job stops
    and fails as hung (exit code 4) on every host; see container.watchdog.
+8. With `max_restarts`, a failed rank or a hung job runs every rank again from the newest
+   checkpoint (the leader decides; container.restarts).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from container import empty_model, network, source_dir, sshd
 from container.coordination import Leader, follow_leader
@@ -62,6 +65,7 @@ from container.init import become_init
 from job.validated import BUILTIN_ONLY_MARKER, validate_hyperparameters
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
+from container.restarts import run_with_restarts
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_mpirun
@@ -116,7 +120,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
             return 0
         log_plan(plan)
         started = time.time()
-        outcome = execute(plan, runtime)
+        outcome = execute(plan, runtime, paths)
         if outcome.exit_code == 0 and plan.job.program and plan.cluster.is_leader:
             empty_model.warn_if_empty(paths, since=started)
     except TrainError as error:
@@ -191,25 +195,33 @@ def log_plan(plan: LaunchPlan) -> None:
         print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
 
 
-def supervise(plan: LaunchPlan) -> Outcome:
-    """Run the plan's mpirun under the stop signals and the progress watchdog."""
+def supervise(plan: LaunchPlan, paths: MlPaths,
+              root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome) -> Outcome:
+    """Run the plan's mpirun under the stop signals and the progress watchdog, again after a
+    failure while `max_restarts` allows (container.restarts); `root_cause` names what made
+    an attempt fail (on the leader of several hosts: a lost worker)."""
     cluster = plan.cluster
-    watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
-                             cluster.world_size, plan.stall_check)
-    return run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
-                      host_of_rank=cluster.host_of_rank, watch=watch)
+
+    def attempt() -> Outcome:
+        watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
+                                 cluster.world_size, plan.stall_check)
+        return root_cause(run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
+                                     host_of_rank=cluster.host_of_rank, watch=watch))
+
+    return run_with_restarts(attempt, plan.launch.max_restarts, paths.checkpoint_dir,
+                             paths.output_data_dir)
 
 
-def execute(plan: LaunchPlan, runtime: Path) -> Outcome:
+def execute(plan: LaunchPlan, runtime: Path, paths: MlPaths) -> Outcome:
     cluster = plan.cluster
     if not cluster.multi_host:
-        return supervise(plan)
+        return supervise(plan, paths)
     network.wait_resolvable(cluster.hosts, cluster.leader, plan.launch.host_timeout)
     files = sshd.make_runtime(runtime)
-    return run_leader(plan, files) if cluster.is_leader else run_worker(plan, files)
+    return run_leader(plan, files, paths) if cluster.is_leader else run_worker(plan, files)
 
 
-def run_leader(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
+def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcome:
     cluster, launch = plan.cluster, plan.launch
     public_key = sshd.make_client_key(files)
     address = network.address_of(cluster.current_host)
@@ -227,7 +239,7 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         print(f"launcher: all {len(cluster.hosts)} hosts ready", flush=True)
         print(mark_line(Mark.HOSTS_READY), flush=True)
-        outcome = coordinator.root_cause(supervise(plan))
+        outcome = supervise(plan, paths, coordinator.root_cause)
     except TrainError as error:
         coordinator.finish(Outcome.failed(error.kind, str(error)))
         raise

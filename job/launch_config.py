@@ -55,6 +55,11 @@ class LaunchConfig:
         90.0, "Seconds between SIGTERM and forcing the ranks down; the trainer saves a "
         "checkpoint in that time. SageMaker kills everything 120 s after SIGTERM.",
         minimum=1.0, maximum=3600.0)
+    max_restarts: int = hp(
+        0, "Times the leader runs every rank on every host again after a rank failed or the "
+        "job hung; each run resumes from the newest checkpoint. Never after a configuration or "
+        "data error (exit 2), a stop (143) or a lost host (3), nor after the same failure twice "
+        "with no newer checkpoint. 0: a failure ends the job.", minimum=0, maximum=100)
     progress_timeout: float = hp(
         300.0, "Seconds in which no rank made progress (an optimizer step; in script mode a "
         "line on stdout or distributed.heartbeat()) or used the CPU, after which the job fails "

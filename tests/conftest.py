@@ -32,6 +32,8 @@ LONG_FILES = (
     "tests/train/test_data_jobs.py",  # 110
     "tests/train/test_distributed_training.py",  # 100
     "tests/image/test_tf_stack.py",  # 85
+    "tests/image/test_keras_trainer.py",  # 85
+    "tests/container/test_restarts.py",  # 75
     "tests/image/test_local_cluster.py",  # 65
     "tests/serve/test_serve_survival.py",  # 65
 )
