@@ -59,8 +59,8 @@ class StopOnRequest(keras.callbacks.Callback):
 
 
 class StepCount(keras.callbacks.Callback):
-    """Optimizer steps this process finished (the built-in trainer: one per batch), over every
-    `fit` it is passed to."""
+    """Batches of `fit` this process finished, over every `fit` it is passed to (the built-in
+    trainer: one per optimizer step, or k when Keras 3's optimizer accumulates k)."""
 
     def __init__(self):
         super().__init__()

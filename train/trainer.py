@@ -272,7 +272,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
                                 + start.steps_in_epoch)]
     if sync.rank == 0:
         callbacks.append(keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
-                                                        profile_batch=0, write_graph=False))
+                                                     profile_batch=0, write_graph=False))
 
     def fit(epochs: int, steps_each: int) -> None:
         """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps
