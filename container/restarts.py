@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -40,6 +41,16 @@ class Attempt:
     reason: str
     checkpoint: str
 
+    def same_as(self, other: "Attempt") -> bool:
+        """The same failure at the same place: which rank reported it first is chance (every
+        rank may raise the same bug), so ranks and hosts are left out of the comparison."""
+        return (self.exit_code, _unplaced(self.reason), self.checkpoint) == \
+            (other.exit_code, _unplaced(other.reason), other.checkpoint)
+
+
+def _unplaced(reason: str) -> str:
+    return re.sub(r"\b(rank|worker) \d+ on host \S+", r"\1", reason)
+
 
 def why_not_restart(outcome: Outcome, failed: list[Attempt], max_restarts: int) -> str | None:
     """None when the job should run its ranks again after `outcome` (the newest of the
@@ -48,7 +59,7 @@ def why_not_restart(outcome: Outcome, failed: list[Attempt], max_restarts: int) 
         return "not restarted: another try would fail the same way or was not wanted"
     if len(failed) > max_restarts:
         return f"{max_restarts} restart(s) allowed (max_restarts), all used"
-    if len(failed) >= 2 and failed[-1] == failed[-2]:
+    if len(failed) >= 2 and failed[-1].same_as(failed[-2]):
         return ("it failed twice the same way with no newer checkpoint between: a bug at "
                 "the same place, not bad luck; not restarted again")
     return None

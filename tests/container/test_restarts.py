@@ -27,6 +27,13 @@ RANK_FAILED = Outcome.failed(FailureKind.RANK, "rank 1 on algo-1 failed: ValueEr
     (RANK_FAILED, [Attempt(1, "a", "")] * 2, 1, "1 restart(s) allowed (max_restarts), all used"),
     (RANK_FAILED, [Attempt(1, "a", "epoch-000001")] * 2, 5, "failed twice the same way"),
     (RANK_FAILED, [Attempt(1, "a", "epoch-000001"), Attempt(1, "a", "epoch-000002")], 5, None),
+    # every rank raises the same bug; which one reports first is chance
+    (RANK_FAILED, [Attempt(1, "rank 1 on host algo-1 failed (exit code 1): ValueError: x", ""),
+                   Attempt(1, "rank 0 on host algo-2 failed (exit code 1): ValueError: x", "")],
+     5, "failed twice the same way"),
+    (RANK_FAILED, [Attempt(1, "rank 1 on host algo-1 failed (exit code 1): ValueError: x", ""),
+                   Attempt(1, "rank 1 on host algo-1 failed (exit code 1): OSError: y", "")],
+     5, None),
     (Outcome.failed(FailureKind.RANK, "DataError", rank_code=2), [Attempt(2, "d", "")], 5,
      "not restarted"),
     (Outcome.failed(FailureKind.STOPPED, "stopped"), [Attempt(143, "s", "")], 5, "not restarted"),
