@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from container.network import free_port
 from job.protocol import parse_mark, parse_metrics
@@ -75,6 +75,7 @@ class Timeline:
     steps: list[float]  # each METRICS line of the leader
     marks: dict[str, float] = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
+    lines: list[tuple[float, str]] = field(default_factory=list)  # the leader's, timed
 
     def startup(self) -> float:
         return self.steps[0] - min(self.hosts_started)
@@ -132,8 +133,12 @@ def bare_import_seconds(repeats: int, hosts: int = 2) -> list[float]:
     return timings
 
 
-def run_loopback(sizes: Sizes, workdir: Path) -> Timeline:
-    hyperparameters = {**job_hyperparameters(sizes), "sshd_port": str(free_port()),
+def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = None,
+                 watch: Callable[[str, subprocess.Popen], None] | None = None) -> Timeline:
+    """The 2-host job on loopback (`extra` hyperparameters over item 4's); `watch` sees each
+    line of the leader as it comes, with the worker's launcher (to act on it mid-run)."""
+    hyperparameters = {**job_hyperparameters(sizes), **(extra or {}),
+                       "sshd_port": str(free_port()),
                        "coordinator_port": str(free_port()), "host_timeout": "120",
                        "leader_timeout": "120", "heartbeat_timeout": "10"}
     data = cluster_data(sizes)
@@ -155,8 +160,14 @@ def run_loopback(sizes: Sizes, workdir: Path) -> Timeline:
                 stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True))
     worker, leader = processes
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: lines.extend(
-        (time.time(), line) for line in leader.stdout), daemon=True)
+
+    def read() -> None:
+        for line in leader.stdout:
+            lines.append((time.time(), line))
+            if watch is not None:
+                watch(line, worker)
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     exited = []
     deadline = time.monotonic() + TIMEOUT
@@ -180,7 +191,7 @@ def run_loopback(sizes: Sizes, workdir: Path) -> Timeline:
     steps, marks = mark_times(lines)
     if not steps:
         raise RuntimeError("the loopback cluster printed no METRICS line")
-    return Timeline(started, exited, steps, marks)
+    return Timeline(started, exited, steps, marks, lines=lines)
 
 
 # ------------------------------------------------------------------------ containers ----

@@ -114,6 +114,22 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def rank_pid(rank: int, root: Path) -> int | None:
+    """The process of rank `rank` of the job whose ml root is `root` (the ranks' TRAIN_ML_ROOT),
+    found by its environment: the ranks of another host are children of an orted that
+    daemonized, not of that host's launcher."""
+    wanted = {f"OMPI_COMM_WORLD_RANK={rank}".encode(), f"TRAIN_ML_ROOT={root}".encode()}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and RANK_PROGRAM in _cmdline(int(entry)):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if wanted <= set(environ.read().split(b"\0")):
+                        return int(entry)
+            except OSError:
+                continue
+    return None
+
+
 class PeakMemory:
     """Samples the VmHWM of every descendant of `pid` whose command line has the word
     `marker` (every descendant when it is None), leaving mpirun itself out."""

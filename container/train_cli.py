@@ -109,6 +109,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
     try:
         job = read_job_config(paths)
+        paths = job.paths  # with the checkpoint and TensorBoard folders the job configured
         settings = validate_hyperparameters(job.hyperparameters, os.environ, job.source_code,
                                             builtin_only=BUILTIN_ONLY_MARKER.exists())
         source_dir.prepare(job, settings.launch)

@@ -13,7 +13,13 @@ DEFAULT_ML_ROOT = Path("/opt/ml")
 
 @dataclass(frozen=True)
 class MlPaths:
+    """`checkpoints` and `tensorboard`: the `LocalPath` of the job's CheckpointConfig and
+    TensorBoardOutputConfig when it set one (job.sagemaker_config.configured_paths reads
+    them), else SageMaker's defaults under the root."""
+
     root: Path = DEFAULT_ML_ROOT
+    checkpoints: Path | None = None
+    tensorboard: Path | None = None
 
     @property
     def config_dir(self) -> Path:
@@ -30,6 +36,14 @@ class MlPaths:
     @property
     def input_data_config(self) -> Path:
         return self.config_dir / "inputdataconfig.json"
+
+    @property
+    def checkpoint_config(self) -> Path:
+        return self.config_dir / "checkpointconfig.json"
+
+    @property
+    def tensorboard_config(self) -> Path:
+        return self.config_dir / "tensorboardoutputconfig.json"
 
     @property
     def data_dir(self) -> Path:
@@ -52,7 +66,7 @@ class MlPaths:
 
     @property
     def tensorboard_dir(self) -> Path:
-        return self.output_dir / "tensorboard"
+        return self.tensorboard or self.output_dir / "tensorboard"
 
     @property
     def failure_file(self) -> Path:
@@ -60,7 +74,7 @@ class MlPaths:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
+        return self.checkpoints or self.root / "checkpoints"
 
     @property
     def code_dir(self) -> Path:

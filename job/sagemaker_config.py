@@ -9,6 +9,10 @@
 - inputdataconfig.json: per channel `ContentType`, `TrainingInputMode` (File | Pipe |
   FastFile) and `S3DistributionType` (FullyReplicated | ShardedByS3Key). Missing means
   every channel folder present under input/data is FullyReplicated File input.
+- checkpointconfig.json and tensorboardoutputconfig.json: the `LocalPath` of the job's
+  CheckpointConfig and TensorBoardOutputConfig, written only when the job has one (what
+  SageMaker Debugger reads too); missing means /opt/ml/checkpoints and
+  /opt/ml/output/tensorboard.
 - input/data/sm_drivers/sourcecode.json and distributed.json: what SDK 3's ModelTrainer asked to
   run (job.source_code); absent for every other job.
 Every problem is a ConfigError that names the file and the field to fix.
@@ -145,8 +149,26 @@ def read_channels(path: Path, data_dir: Path) -> dict[str, Channel]:
     return channels
 
 
+def _local_path(path: Path) -> Path | None:
+    """The `LocalPath` a SageMaker output config file names, or None without the file."""
+    if not path.exists():
+        return None
+    local = _read_json(path, dict).get("LocalPath")
+    if not isinstance(local, str) or not local.startswith("/"):
+        raise ConfigError(f"{path}: `LocalPath` must be an absolute folder path, got {local!r}")
+    return Path(local)
+
+
+def configured_paths(root: Path) -> MlPaths:
+    """The job's folders under `root`, with the checkpoint and TensorBoard folders it asked for."""
+    paths = MlPaths(root)
+    return MlPaths(root, _local_path(paths.checkpoint_config),
+                   _local_path(paths.tensorboard_config))
+
+
 def read_job_config(paths: MlPaths) -> JobConfig:
-    """Read the three config files under `paths.config_dir`."""
+    """Read the config files under `paths.config_dir`."""
+    paths = configured_paths(paths.root)
     return JobConfig(
         paths=paths,
         resources=read_resources(paths.resource_config),

@@ -78,10 +78,16 @@ class TrainerConfig:
     seed: int = hp(1234, "Random seed for weights, shuffling and dropout.", minimum=0,
                    maximum=2**31 - 1)
     checkpoint_every_epochs: int = hp(
-        1, "Epochs between checkpoints to /opt/ml/checkpoints; 0 disables.",
+        1, "Epochs between checkpoints to the checkpoint folder; 0 disables.",
         minimum=0, maximum=100000)
+    checkpoint_every_minutes: float = hp(
+        30.0, "Minutes of training between checkpoints inside an epoch, so a failure or restart "
+        "loses at most that much; 0: at epoch ends only.", minimum=0, maximum=100000)
     keep_checkpoints: int = hp(2, "Newest checkpoints kept; older ones are deleted.",
                                minimum=1, maximum=1000)
+    profile_steps: str = hp(
+        "", "Training batches to profile, counted from this run's start, as first,last (such as "
+        "20,30): a trace in the TensorBoard folder's plugins/profile; empty: none.")
 
     def __post_init__(self) -> None:
         for name in ("hidden_units", "conv_filters"):
@@ -89,6 +95,11 @@ class TrainerConfig:
                 raise ValueError(
                     f"hyperparameter {name}={getattr(self, name)!r} is invalid: expected "
                     "comma-separated positive integers such as 256,128")
+        if self.profile_steps and (len(steps := _positive_ints(self.profile_steps)) != 2
+                                   or steps[0] > steps[1]):
+            raise ValueError(
+                f"hyperparameter profile_steps={self.profile_steps!r} is invalid: expected the "
+                "first and last step to profile, such as 20,30")
         if self.image_shape and len(_positive_ints(self.image_shape)) != 3:
             raise ValueError(
                 f"hyperparameter image_shape={self.image_shape!r} is invalid: expected H,W,C "
@@ -101,6 +112,11 @@ class TrainerConfig:
     @property
     def conv_filter_counts(self) -> list[int]:
         return _positive_ints(self.conv_filters)
+
+    @property
+    def profiled_steps(self) -> tuple[int, int] | int:
+        """Keras TensorBoard's profile_batch: (first, last), or 0 for none."""
+        return tuple(_positive_ints(self.profile_steps)) if self.profile_steps else 0
 
     @property
     def image_dims(self) -> tuple[int, ...] | None:

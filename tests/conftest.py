@@ -82,7 +82,8 @@ def run_train(root: Path, *extra: str, timeout: float = 300) -> subprocess.Compl
 
 def newest_state(root: Path) -> dict:
     """The state.json of the newest checkpoint of the job under `root`."""
-    newest = max((root / "checkpoints").glob("epoch-*"))
+    newest = max((root / "checkpoints").glob("epoch-*"),
+                 key=lambda folder: (folder.stem, int(folder.suffix[1:] or 0)))  # .9 < .10
     return json.loads((newest / "state.json").read_text())
 
 

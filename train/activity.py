@@ -16,7 +16,7 @@ Waiting that burns CPU without working is kept out of the measure:
 - Horovod's background thread negotiates with the other ranks every cycle, and spins in MPI
   (yielding, but runnable) while a peer does not answer: the threads that Horovod's `init`
   starts are not counted.
-- The trainer's own per-step MPI agreement waits without spinning (train.callbacks.any_rank).
+- The trainer's own per-step MPI agreement waits without spinning (train.agreement.agree).
 A script's own busy-wait loop counts as computing. A frozen process's pulse is frozen with it,
 and a rank whose C code holds the interpreter lock through a whole pulse is not heard from
 meanwhile (TensorFlow, JAX and NumPy release it while they compute).

@@ -5,57 +5,44 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
 from mpi4py import MPI
 
 from job.protocol import metrics_line
-from train.framework import keras
+from train.agreement import SAVE, STOP, Cadence, agree
+from train.framework import attach_state, keras
 from train.progress import Progress
 from train.rank import StopRequest, emit
 
 
-SPIN_SECONDS = 0.002  # an agreement of ranks in step takes microseconds; then stop spinning
-LONGEST_PAUSE = 0.01
-
-
-def any_rank(flag: bool) -> bool:
-    """Whether `flag` is set on any rank: an MPI allreduce of one flag.
-
-    A blocking MPI wait polls at full speed (OpenMPI yields between polls but stays runnable),
-    so a rank waiting here for a slow or frozen peer would take the CPU from a peer sharing its
-    core and look busy to its pulse (train.activity) for as long as the peer is frozen. So once
-    the agreement has taken longer than SPIN_SECONDS, the wait polls with growing pauses.
-    """
-    sent, agreed = np.array([flag], dtype=np.int32), np.zeros(1, dtype=np.int32)
-    request = MPI.COMM_WORLD.Iallreduce(sent, agreed, op=MPI.LOR)
-    spin_until, pause = time.perf_counter() + SPIN_SECONDS, 1e-4
-    while not request.Test():
-        if time.perf_counter() >= spin_until:
-            time.sleep(pause)
-            pause = min(2 * pause, LONGEST_PAUSE)
-    return bool(agreed[0])
-
-
 class StopOnRequest(keras.callbacks.Callback):
-    """Stops every rank after the same optimizer step once any rank got the stop signal.
+    """Stops every rank after the same optimizer step once any rank got the stop signal, and
+    saves a checkpoint mid-epoch when `cadence` says one is due (`save`, which every rank
+    calls: under MultiWorkerMirroredStrategy every worker takes part).
 
-    # distributed: the ranks agree with a one-flag allreduce after each optimizer step (every
-    `accumulation_steps` micro-batches), so no rank leaves while another waits in a collective.
+    # distributed: the ranks agree with one allreduce of a few bits after each optimizer step
+    (every `accumulation_steps` micro-batches), so no rank leaves or saves while another waits
+    in a collective.
     """
 
-    def __init__(self, accumulation_steps: int):
+    def __init__(self, accumulation_steps: int, cadence: Cadence | None = None,
+                 save: Callable[[], None] = lambda: None):
         super().__init__()
-        self.accumulation_steps = accumulation_steps
+        self.accumulation_steps, self.cadence, self.save = accumulation_steps, cadence, save
         self.stopped = False
 
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.accumulation_steps:
             return
-        # A plain MPI allreduce of one flag costs microseconds; Horovod's tensor allreduce
+        # A plain MPI allreduce of a few bits costs microseconds; Horovod's tensor allreduce
         # would cost a background-thread cycle per step.
-        if any_rank(StopRequest.requested()):
+        agreed = agree((STOP if StopRequest.requested() else 0) |
+                       (SAVE if self.cadence and self.cadence.due() else 0))
+        if agreed & STOP:
             self.model.stop_training = True
             self.stopped = True
+        elif agreed & SAVE:
+            attach_state(self.model)  # Keras 3 on JAX, mid-epoch: every rank, now
+            self.save()
 
 
 class StepCount(keras.callbacks.Callback):

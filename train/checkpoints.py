@@ -3,8 +3,9 @@
 Rank 0 writes each checkpoint into a temporary folder, records the state last, and renames the
 folder into place: a rename is atomic, so a folder named `epoch-NNNNNN` holds a complete write
 and a torn `.tmp-*` folder left by a kill is ignored and removed on the next start. The same
-epoch saved again (a stop mid-epoch, then a resume) goes to `epoch-NNNNNN.K`, a new name, and
-the older folder is pruned only after it is in place: at no moment is there no checkpoint.
+epoch saved again (a stop mid-epoch, then a resume; checkpoints every few minutes inside a long
+epoch) goes to `epoch-NNNNNN.K`, K one more than any copy of that epoch there, and the older
+folder is pruned only after it is in place: at no moment is there no checkpoint.
 
 What was written completely can still arrive broken: SageMaker syncs /opt/ml/checkpoints
 with S3 in the background, so a spot reclaim can leave a partial copy (a state file without
@@ -55,11 +56,12 @@ class CheckpointStore:
 
     def save(self, checkpoint: tf.train.Checkpoint, epochs_done: int, **state) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
-        final = self.directory / f"{PREFIX}{epochs_done:06d}"
-        again = 0
-        while final.exists():
-            again += 1
-            final = self.directory / f"{PREFIX}{epochs_done:06d}.{again}"
+        # After the copies of this epoch already there, even once older ones were pruned:
+        # a reused lower number would sort as the oldest and be pruned at once.
+        copies = [_order(p)[1] for p in self.directory.iterdir()
+                  if _NAME.match(p.name) and _order(p)[0] == epochs_done]
+        again = max(copies) + 1 if copies else 0
+        final = self.directory / (f"{PREFIX}{epochs_done:06d}" + (f".{again}" if again else ""))
         temporary = self.directory / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(temporary, ignore_errors=True)
         checkpoint.write(str(temporary / "ckpt"))

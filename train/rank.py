@@ -32,6 +32,7 @@ from typing import Callable, Mapping, NoReturn
 
 from job.errors import PlatformError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
+from job.sagemaker_config import configured_paths
 from job.protocol import rank_failure
 from train.activity import Pulse, exclude_horovod_threads
 
@@ -66,7 +67,7 @@ def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankCon
     world_size = _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
     local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
     local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world_size)
-    paths = MlPaths(Path(environ.get("TRAIN_ML_ROOT", str(DEFAULT_ML_ROOT))))
+    paths = configured_paths(Path(environ.get("TRAIN_ML_ROOT", str(DEFAULT_ML_ROOT))))
     if "TRAIN_HOSTS" not in environ:
         host = socket.gethostname()
         return RankContext(rank, world_size, local_rank, local_size, host, (host,), paths)

@@ -36,7 +36,8 @@ from job.rank_job import RankJob, read_rank_job
 def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     """The toolkit's SM_* variables for this rank."""
     paths = context.paths
-    for folder in (paths.model_dir, paths.output_data_dir, paths.checkpoint_dir):
+    for folder in (paths.model_dir, paths.output_data_dir, paths.checkpoint_dir,
+                   paths.tensorboard_dir):
         folder.mkdir(parents=True, exist_ok=True)  # SageMaker makes them; local runs may not
     os.environ["SAGEMAKER_BASE_DIR"] = str(paths.root)  # read by the toolkit at import
     from sagemaker_training import environment
@@ -56,7 +57,11 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
             "SM_MASTER_PORT": job.processes.coordinator.rpartition(":")[2],
             "SM_SOURCE_DIR": str(paths.code_dir),
             "SM_ENTRY_SCRIPT": job.program}
-    return {**sdk3, **{key: str(value) for key, value in env.to_env_vars().items()}}
+    # Where SageMaker syncs checkpoints and uploads TensorBoard events: the LocalPath of the
+    # job's CheckpointConfig and TensorBoardOutputConfig, which the toolkit does not tell.
+    folders = {"SM_CHECKPOINT_DIR": str(paths.checkpoint_dir),
+               "SM_TENSORBOARD_DIR": str(paths.tensorboard_dir)}
+    return {**sdk3, **folders, **{key: str(value) for key, value in env.to_env_vars().items()}}
 
 
 # The top-level names this project installs (pyproject.toml's package list).

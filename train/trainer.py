@@ -24,6 +24,7 @@ from job.sagemaker_config import Channel, read_channels
 from job.protocol import Mark, mark_line, stopped_line
 from train.accumulation import AccumulatingModel
 from job.batching import BatchPlan
+from train.agreement import Cadence
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
 from train.checkpoints import CheckpointStore, loaded_values, variables_checkpoint
 from train.data import DataError, list_channel
@@ -258,11 +259,15 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         elif sync.saves_on_every_rank:  # it must take part; only rank 0's copy is kept
             scratch_write(checkpoint)
 
+    cadence = Cadence(config.checkpoint_every_minutes, leader=sync.rank == 0)
+
     def save() -> None:
         average_batch_statistics(sync, model)  # so a resumed job goes on as if never stopped
         write()
+        cadence.saved()
 
-    stop = StopOnRequest(accumulation_steps=batches_per_step)  # at an optimizer step
+    # at an optimizer step: a stop, or a checkpoint inside the epoch when one is due
+    stop = StopOnRequest(batches_per_step, cadence, save)
     report = EpochReport(plan.global_batch // batches_per_step,
                          lambda: float(schedule(local_value(optimizer.iterations))), history)
     callbacks = [*sync.callbacks(),  # distributed: average epoch metrics
@@ -271,8 +276,8 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
                  ReportProgress(batches_per_step, first_step=start.epochs_done * steps_per_epoch
                                 + start.steps_in_epoch)]
     if sync.rank == 0:
-        callbacks.append(keras.callbacks.TensorBoard(str(paths.tensorboard_dir),
-                                                     profile_batch=0, write_graph=False))
+        callbacks.append(keras.callbacks.TensorBoard(
+            str(paths.tensorboard_dir), profile_batch=config.profiled_steps, write_graph=False))
 
     def fit(epochs: int, steps_each: int) -> None:
         """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-ITEMS = {1, 2, 3, 4, 5, 6, 7}  # item 9 needs both images: tests/image/test_tf_stack.py
+ITEMS = {1, 2, 3, 4, 5, 6, 7, 10}  # item 9 needs both images: tests/image/test_tf_stack.py
 BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when it is busy
 
 
@@ -88,5 +88,11 @@ def test_each_item_measured_what_it_says(tiny_run):
     assert 3.5 < channel_mb["4x"] / channel_mb["1x"] < 4.5  # the larger channel is 4x
     assert image["reference_name"] == "2-rank cnn job consumption"
     assert parity["reference_name"] == "the same job on one CSV file (by record)"
+    restart, lost = by_item[10]
+    assert restart["details"]["reported_before_restart"] >= 10  # killed after epoch 10
+    assert 0 < restart["details"]["kill_to_restart_line"] < restart["value"]
+    assert lost["value"] == restart["details"]["reported_before_restart"] - \
+        (restart["details"]["resumed_at_epoch"] - 1)
+    assert 0 <= lost["value"] <= 4  # checkpoints every 4 steps
     rank, serving = by_item[6]
     assert rank["value"] > 100 and serving["details"]["requests"] == 3  # MB: TF is loaded

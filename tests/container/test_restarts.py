@@ -3,6 +3,7 @@ ranks: what is restarted (a killed or raising rank, a hung job), what is not (a 
 error, a stop, a failure that repeats itself), on one host and across two loopback hosts."""
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -61,11 +62,13 @@ def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process | None
 
 
 def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_killed(make_job):
-    """SIGKILL (the out-of-memory killer's signature) to rank 1 in epoch 2: every rank runs
-    again from the epoch-1 checkpoint and the job ends with a never-killed job's weights."""
+    """SIGKILL (the out-of-memory killer's signature) to rank 1 in epoch 2, after a checkpoint
+    the clock asked for inside that epoch (checkpoint_every_minutes): every rank runs again
+    from that checkpoint, at its step, and the job ends with a never-killed job's weights."""
     whole = make_job(EXACT, name="whole")
     assert (result := run_train(whole)).returncode == 0, result.stdout[-3000:]
-    killed = make_job({**EXACT, "max_restarts": 1}, name="killed")
+    killed = make_job({**EXACT, "max_restarts": 1, "checkpoint_every_minutes": 0.01},
+                      name="killed")
     job = subprocess.Popen([str(TRAIN), "--ml-root", str(killed)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     seen = []
@@ -73,18 +76,24 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_kill
         seen.append(line)
         if "METRICS epoch=1 " in line:
             break
+    deadline = time.monotonic() + 60
+    while not list((killed / "checkpoints").glob("epoch-000001.*")):  # inside epoch 2
+        assert time.monotonic() < deadline, "no checkpoint inside epoch 2"
+        time.sleep(0.05)
     rank_process(job, 1).send_signal(signal.SIGKILL)
     output = "".join(seen) + job.communicate(timeout=240)[0]
     assert job.returncode == 0, output[-3000:]
     assert "attempt 1 failed (exit code" in output and "restarting every rank on every host " \
-        "from epoch-000001 (restart 1 of 1)" in output, output[-3000:]
+        "from epoch-000001." in output and "(restart 1 of 1)" in output, output[-3000:]
+    assert re.search(r"trainer: resumed from \S+epoch-000001\.\d+ at epoch 2, step \d+",
+                     output), output[-3000:]
     assert "the job succeeded after 1 restart(s)" in output
     [attempt] = attempts_of(killed)
-    assert attempt["checkpoint"] == "epoch-000001" and "rank 1" in attempt["reason"], attempt
+    assert attempt["checkpoint"].startswith("epoch-000001.") and "rank 1" in attempt["reason"]
     expected, got = final_values(whole), final_values(killed)
     assert expected.keys() == got.keys()
     for name, value in expected.items():
-        # a resume at an epoch's start: ~1e-4 relative (tests/train/test_exact_resume.py)
+        # exact resume, here after a SIGKILL: ~1e-4 relative (tests/train/test_exact_resume.py)
         np.testing.assert_allclose(got[name], value, rtol=1e-3, atol=1e-6, err_msg=name)
 
 

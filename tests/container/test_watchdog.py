@@ -324,6 +324,7 @@ def test_an_unmodified_script_whose_epochs_outlast_the_timeout_completes(make_sc
     epochs = re.findall(r"^\[1,0\]<stdout>:800/800 - (\d+)s ", result.stdout, re.MULTILINE)
     assert len(epochs) == 2, result.stdout[-3000:]
     print(f"seconds per epoch, as Keras printed them: {epochs}")
+    assert all(int(seconds) > 8 for seconds in epochs), epochs  # silent past the timeout
     assert "TRAIN-ACTIVE" not in result.stdout + result.stderr  # swallowed
     assert "launcher: WARNING: progress_timeout 8 s is shorter than the 60 s a healthy rank " \
            "may sit idle as Keras's fit returns" in result.stdout

@@ -232,7 +232,8 @@ def restart(cluster, spec) -> None:
 
 def leader_checkpoints(spec) -> list[Path]:
     """The leader's checkpoint folders, oldest first."""
-    return sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"))
+    return sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"),
+                  key=lambda folder: (folder.stem, int(folder.suffix[1:] or 0)))  # .9 < .10
 
 
 def newest_checkpoint(spec) -> tuple[Path, dict]:

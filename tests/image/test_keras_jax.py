@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import (add_code, code_folder, compose_cluster, failure, http, local_cluster,
-                      logs, serving, wait_for_log)
+from conftest import (add_code, code_folder, compose_cluster, failure, http,
+                      leader_checkpoints, local_cluster, logs, restart, serving, wait_for_log)
 from test_tf_stack import (HOSTS, LAUNCH, run_to_end, signal_in_epoch_3,  # noqa: F401
                            tf_image)
 
@@ -133,3 +133,79 @@ def test_sigterm_stops_every_process_with_143(engine, tf_image, data, tmp_path, 
     for host in HOSTS:
         assert failure(spec, host).startswith("training was stopped by a signal"), \
             failure(spec, host)
+
+
+# A user's script with the checkpoint helper (train.resumable), on Keras 3 over JAX
+# (keras.distribution) or on tf_keras under MultiWorkerMirroredStrategy: the same few lines.
+RESUMABLE = '''
+import argparse, os
+import numpy as np
+from train.resumable import Checkpoints
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--stack", choices=["jax", "mwms"])
+stack = parser.parse_known_args()[0].stack
+if stack == "jax":
+    import jax
+    import keras
+    keras.distribution.initialize()
+    keras.distribution.set_distribution(keras.distribution.DataParallel(auto_shard_dataset=False))
+    process, processes = jax.process_index(), jax.process_count()
+else:
+    import tensorflow as tf
+    keras = tf.keras
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    process = strategy.cluster_resolver.task_id
+x = np.random.default_rng(0).normal(size=(1200, 8)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("int32")
+
+def build():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+if stack == "jax":
+    model = build()
+    x, y = x[process::processes], y[process::processes]
+else:
+    with strategy.scope():
+        model = build()
+checkpoints = Checkpoints(model)
+start = checkpoints.restore()
+print("initial_epoch", start.epoch, flush=True)
+model.fit(x, y, batch_size=4 if stack == "jax" else 8, epochs=4, initial_epoch=start.epoch,
+          callbacks=[checkpoints.callback()], verbose=2 if process == 0 else 0)
+print("trained to the end", flush=True)
+'''
+
+
+@pytest.mark.parametrize("stack", ["jax", "mwms"])
+def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(engine, tf_image, data,
+                                                                   tmp_path, stack):
+    """SIGTERM to the leader in epoch 2 of 4: every process stops after the same step and the
+    leader saves; the job run again starts from that checkpoint's epoch, with its weights."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "resumable.py").write_text(RESUMABLE)
+    launch = GUIDE if stack == "jax" else {**LAUNCH}
+    spec = guide_spec(tmp_path, tf_image, data, **{**launch, "sagemaker_program": "resumable.py",
+                                                   "stack": stack})
+    with compose_cluster(engine, spec, f"resumable-{stack}", edit=add_code(folder)) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "Epoch 2/4", timeout=300)
+        engine.run("kill", "--signal", "TERM", cluster.containers()["algo-1"])
+        codes = cluster.wait_all_exited(60)
+        stopped = cluster.logs("algo-1")
+        assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
+        assert "checkpoints: stopped on request; saved in /opt/ml/checkpoints" in stopped
+        folders = leader_checkpoints(spec)
+        assert [f.name for f in folders] == ["epoch-000001", "epoch-000001.1"], stopped[-3000:]
+        restart(cluster, spec)
+        codes = cluster.wait_all_exited(300)
+        resumed = cluster.logs("algo-1")
+    assert codes == {"algo-1": 0, "algo-2": 0}, resumed[-3000:]
+    assert "checkpoints: resumed from /opt/ml/checkpoints/epoch-000001.1 (epoch 1, step" in \
+        resumed, resumed[-3000:]
+    assert "initial_epoch 1" in resumed and "trained to the end" in resumed

@@ -48,6 +48,8 @@ def test_int_accepts_integral_float_and_rejects_fraction():
     ("epochs", "true", "epochs='true' is invalid"),
     ("hidden_units", "256,x", "hidden_units='256,x' is invalid: expected comma-separated"),
     ("image_shape", "8,8", "image_shape='8,8' is invalid: expected H,W,C"),
+    ("profile_steps", "30,20", "profile_steps='30,20' is invalid: expected the first and last"),
+    ("profile_steps", "20", "profile_steps='20' is invalid: expected the first and last"),
 ])
 def test_bad_values_name_key_and_allowed(key, raw, message):
     with pytest.raises(ConfigError) as error:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,20 @@ def test_invalid_json_names_the_file(tmp_path):
     paths.config_dir.mkdir(parents=True)
     paths.hyperparameters.write_text("{not json")
     with pytest.raises(ConfigError, match="hyperparameters.json is not valid JSON"):
+        read_job_config(paths)
+
+
+@pytest.mark.parametrize("name", ["checkpointconfig.json", "tensorboardoutputconfig.json"])
+def test_the_folders_a_job_configured_are_used_and_checked(tmp_path, name):
+    paths = MlPaths(tmp_path)
+    paths.config_dir.mkdir(parents=True)
+    assert read_job_config(paths).paths == paths  # no file: SageMaker's default folders
+    (paths.config_dir / name).write_text('{"LocalPath": "/mnt/job-folder", "S3Uri": "s3://b/p"}')
+    configured = read_job_config(paths).paths
+    assert (configured.checkpoint_dir if name.startswith("checkpoint") else
+            configured.tensorboard_dir) == Path("/mnt/job-folder")
+    (paths.config_dir / name).write_text('{"LocalPath": "relative/folder"}')
+    with pytest.raises(ConfigError, match=f"{name}: `LocalPath` must be an absolute folder"):
         read_job_config(paths)
 
 

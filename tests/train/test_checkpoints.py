@@ -41,6 +41,22 @@ def test_resaving_an_epoch_never_leaves_zero_checkpoints(tmp_path):
     assert store.save(checkpoint, 5).name == "epoch-000005"  # a later epoch sorts after both
 
 
+def test_many_saves_inside_one_epoch_keep_the_newest(tmp_path):
+    """Checkpoints every few minutes inside a long epoch: the twelfth save of epoch 1 is the
+    one kept and resumed from, not a reused lower number pruned as the oldest."""
+    variable = tf.Variable(0.0)
+    checkpoint = tf.train.Checkpoint(v=variable)
+    store = CheckpointStore(tmp_path, keep=2)
+    names = []
+    for step in range(1, 13):
+        variable.assign(float(step))
+        names.append(store.save(checkpoint, 1, step=step).name)
+    assert names[-2:] == ["epoch-000001.10", "epoch-000001.11"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names[-2:]
+    assert store.resume(checkpoint, log=pytest.fail)[1] == {"epochs_done": 1, "step": 12}
+    assert variable.numpy() == 12.0
+
+
 def truncate_variables(folder):
     data = next(folder.glob("ckpt.data-*"))
     data.write_bytes(data.read_bytes()[:20])

@@ -15,7 +15,16 @@ def metrics_lines(output: str) -> list[str]:
 
 
 def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
-    root = make_job({"epochs": 4, "processes_per_host": 2, "learning_rate": 0.002})
+    """With the checkpoint and TensorBoard folders a job's CheckpointConfig and
+    TensorBoardOutputConfig name (SageMaker writes their LocalPath into input/config), and a
+    profile of steps 5 to 7."""
+    root = make_job({"epochs": 4, "processes_per_host": 2, "learning_rate": 0.002,
+                     "profile_steps": "5,7"})
+    checkpoints, tensorboard = root / "my-checkpoints", root / "my-tensorboard"
+    for name, local in (("checkpointconfig", checkpoints), ("tensorboardoutputconfig", tensorboard)):
+        (root / "input" / "config" / f"{name}.json").write_text(json.dumps(
+            {"LocalPath": str(local), "S3Uri" if name == "checkpointconfig" else "S3OutputPath":
+             "s3://bucket/prefix"}))
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 rank(s): 0@algo-1, 1@algo-1" in result.stdout
@@ -28,8 +37,10 @@ def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
     history = json.loads((root / "output" / "data" / "history.json").read_text())
     assert len(history["val_accuracy"]) == 4
     assert (root / "output" / "data" / "history.png").read_bytes()[:4] == b"\x89PNG"
-    assert list((root / "output" / "tensorboard").rglob("events.out.tfevents.*"))
-    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["epoch-000003", "epoch-000004"]
+    assert list(tensorboard.rglob("events.out.tfevents.*"))
+    assert list(tensorboard.glob("plugins/profile/*/*.xplane.pb"))
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch-000003", "epoch-000004"]
+    assert not (root / "checkpoints").exists() and not (root / "output" / "tensorboard").exists()
     assert not (root / "output" / "failure").exists()
 
 
