@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,10 +82,40 @@ def run_train(root: Path, *extra: str, timeout: float = 300) -> subprocess.Compl
                           text=True, timeout=timeout)
 
 
+def start_until(root: Path, after: str) -> tuple[subprocess.Popen, list[str]]:
+    """Start the launcher on the job under `root` and read its output up to the first line
+    holding `after`; the running job and the lines read."""
+    job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if after in line:
+            break
+    return job, seen
+
+
+def stop_job(root: Path, after: str, delay: float = 0.0) -> str:
+    """Run the job, SIGTERM its launcher `delay` s after its first line holding `after` (a spot
+    stop at a chosen moment); its output. The stop is reported as one: exit 143 and a failure
+    file that says so."""
+    job, seen = start_until(root, after)
+    time.sleep(delay)
+    job.send_signal(signal.SIGTERM)
+    output = "".join(seen) + job.communicate(timeout=120)[0]
+    assert job.returncode == 143, output[-3000:]
+    assert failure_of(root).startswith("training was stopped by a signal"), failure_of(root)
+    return output
+
+
+def checkpoint_order(folder: Path) -> tuple[str, int]:
+    """Sorts checkpoint folders `epoch-NNNNNN[.K]` oldest first (`.9` before `.10`)."""
+    return folder.stem, int(folder.suffix[1:] or 0)
+
+
 def newest_state(root: Path) -> dict:
     """The state.json of the newest checkpoint of the job under `root`."""
-    newest = max((root / "checkpoints").glob("epoch-*"),
-                 key=lambda folder: (folder.stem, int(folder.suffix[1:] or 0)))  # .9 < .10
+    newest = max((root / "checkpoints").glob("epoch-*"), key=checkpoint_order)
     return json.loads((newest / "state.json").read_text())
 
 

@@ -9,7 +9,8 @@ from mpi4py import MPI
 
 from job.protocol import metrics_line
 from train.agreement import SAVE, STOP, Cadence, agree
-from train.framework import attach_state, keras
+from train.jax_state import attach_state
+from train.framework import keras
 from train.progress import Progress
 from train.rank import StopRequest, emit
 

@@ -26,7 +26,6 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from train.framework import ON_JAX
 
 STATE = "state.json"
 PREFIX = "epoch-"
@@ -130,8 +129,10 @@ def loaded_values(checkpoint: tf.train.Checkpoint | ArrayCheckpoint) -> list | N
     return checkpoint.loaded if isinstance(checkpoint, ArrayCheckpoint) else None
 
 
-def variables_checkpoint(model, optimizer) -> tf.train.Checkpoint | ArrayCheckpoint:
-    """What a checkpoint holds: the model's and its optimizer's variables."""
-    if ON_JAX:
+def variables_checkpoint(model, optimizer, arrays: bool) -> tf.train.Checkpoint | ArrayCheckpoint:
+    """What a checkpoint holds: the model's and its optimizer's variables; as arrays for Keras
+    3 on JAX (`arrays`), whose variables TensorFlow's Checkpoint cannot track."""
+    if arrays:
         return ArrayCheckpoint(model.variables + optimizer.variables)
     return tf.train.Checkpoint(model=model, optimizer=optimizer)
+

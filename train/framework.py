@@ -33,12 +33,3 @@ def has_gpu() -> bool:
         return jax.devices()[0].platform == "gpu"
     return bool(tf.config.list_physical_devices("GPU"))
 
-
-def attach_state(model) -> None:
-    """Make a model's variables hold its current values inside `fit`: Keras 3 on JAX keeps
-    them apart while it trains (its variables are emptied) and puts them back only at an
-    epoch's end, unless a callback asks (jax_state_sync). Every process must call it at the
-    same step: it assigns variables that span processes. Other Keras: nothing to do."""
-    sync = getattr(model, "jax_state_sync", None)
-    if sync is not None:
-        sync()

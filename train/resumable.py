@@ -45,8 +45,8 @@ from typing import Any
 from job.paths import MlPaths
 from train.agreement import SAVE, STOP, Cadence, agree
 from train.checkpoints import ArrayCheckpoint, CheckpointStore
+from train.jax_state import attach_state
 from train.rank import StopRequest, emit
-from train.framework import attach_state
 from train.sync import OverMpi, local_value
 
 STOPPED_CODE = 128 + signal.SIGTERM

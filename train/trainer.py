@@ -222,7 +222,7 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         stepper, optimizer = compile_for_training(sync, model, config, plan, schedule)
         optimizer.build(model.trainable_variables)
 
-    checkpoint = variables_checkpoint(model, optimizer)
+    checkpoint = variables_checkpoint(model, optimizer, arrays=ON_JAX)
     store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
     start, history = JobPosition(0, 0, 0), {}
     if sync.rank == 0:

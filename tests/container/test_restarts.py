@@ -15,7 +15,7 @@ import pytest
 from container.failure import Outcome
 from container.restarts import Attempt, why_not_restart
 from job.protocol import FailureKind
-from tests.conftest import TRAIN, failure_of, run_train
+from tests.conftest import failure_of, run_train, start_until, stop_job
 from tests.container.test_multi_host import HOSTS, cluster, start  # noqa: F401
 from tests.train.test_exact_resume import EXACT, final_values
 
@@ -69,13 +69,7 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_kill
     assert (result := run_train(whole)).returncode == 0, result.stdout[-3000:]
     killed = make_job({**EXACT, "max_restarts": 1, "checkpoint_every_minutes": 0.01},
                       name="killed")
-    job = subprocess.Popen([str(TRAIN), "--ml-root", str(killed)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in job.stdout:
-        seen.append(line)
-        if "METRICS epoch=1 " in line:
-            break
+    job, seen = start_until(killed, "METRICS epoch=1 ")
     deadline = time.monotonic() + 60
     while not list((killed / "checkpoints").glob("epoch-000001.*")):  # inside epoch 2
         assert time.monotonic() < deadline, "no checkpoint inside epoch 2"
@@ -158,13 +152,4 @@ def test_a_hung_job_is_restarted_and_a_stopped_one_is_not(make_script_job):
     stopped = make_script_job("sleeps.py", {"max_restarts": 3},
                               'import time\nprint("up", flush=True)\ntime.sleep(600)\n',
                               name="stopped")
-    job = subprocess.Popen([str(TRAIN), "--ml-root", str(stopped)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    for line in job.stdout:
-        if "up" in line:
-            break
-    time.sleep(0.5)
-    job.send_signal(signal.SIGTERM)
-    output = job.communicate(timeout=120)[0]
-    assert job.returncode == 143, output[-2000:]
-    assert "restarting" not in output
+    assert "restarting" not in stop_job(stopped, "up", delay=0.5)

@@ -29,6 +29,7 @@ import yaml
 
 from container.network import free_port
 from scripts import local_cluster
+from tests.conftest import checkpoint_order
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("TEST_IMAGE", local_cluster.DEFAULT_IMAGE)
@@ -233,7 +234,7 @@ def restart(cluster, spec) -> None:
 def leader_checkpoints(spec) -> list[Path]:
     """The leader's checkpoint folders, oldest first."""
     return sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"),
-                  key=lambda folder: (folder.stem, int(folder.suffix[1:] or 0)))  # .9 < .10
+                  key=checkpoint_order)
 
 
 def newest_checkpoint(spec) -> tuple[Path, dict]:

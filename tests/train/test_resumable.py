@@ -2,13 +2,13 @@
 a script stopped like a spot interruption and run again resumes where it stood."""
 
 import json
-import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import TRAIN, failure_of, run_train
+from tests.conftest import ROOT, run_train, stop_job
 
 # A custom loop whose every step is fixed (its data are chosen by the step), with Adam, so a
 # resume that lost or mangled any variable (the optimizer's moments, its step count) ends with
@@ -79,22 +79,6 @@ if distributed.is_leader():
 '''
 
 
-def stop_after(root, line_start: str) -> str:
-    """Run the job, SIGTERM its launcher once a line starts with `line_start`; the output."""
-    job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in job.stdout:
-        seen.append(line)
-        if line_start in line:
-            break
-    job.send_signal(signal.SIGTERM)
-    output = "".join(seen) + job.communicate(timeout=120)[0]
-    assert job.returncode == 143, output[-3000:]
-    assert failure_of(root).startswith("training was stopped by a signal"), failure_of(root)
-    return output
-
-
 def final_weights(root) -> list[np.ndarray]:
     with np.load(root / "model" / "final.npz") as arrays:
         return [arrays[f"arr_{index}"] for index in range(len(arrays.files))]
@@ -120,7 +104,7 @@ def never_stopped() -> list[np.ndarray]:
 def test_a_loop_stopped_and_run_again_ends_with_the_weights_of_one_never_stopped(
         make_script_job):
     stopped = make_script_job("loop.py", {"processes_per_host": 2}, LOOP)
-    output = stop_after(stopped, "[1,0]<stdout>:step 20")
+    output = stop_job(stopped, "[1,0]<stdout>:step 20")
     assert "checkpoints: stopped on request; saved in" in output, output[-3000:]
     [folder] = (stopped / "checkpoints").glob("epoch-*")
     saved = json.loads((folder / "state.json").read_text())
@@ -137,7 +121,7 @@ def test_a_loop_stopped_and_run_again_ends_with_the_weights_of_one_never_stopped
 
 def test_fit_stopped_mid_epoch_resumes_that_epoch_with_its_weights(make_script_job):
     root = make_script_job("fit.py", {"processes_per_host": 2}, FIT)
-    output = stop_after(root, "Epoch 2/4")
+    output = stop_job(root, "Epoch 2/4")
     assert "initial_epoch 0" in output
     folders = sorted((root / "checkpoints").glob("epoch-*"))
     assert [f.name for f in folders] == ["epoch-000001", "epoch-000001.1"], folders
@@ -150,14 +134,29 @@ def test_fit_stopped_mid_epoch_resumes_that_epoch_with_its_weights(make_script_j
     assert json.loads((root / "output" / "data" / "epochs.json").read_text()) == [1, 2, 3]
 
 
-def test_a_model_it_cannot_checkpoint_is_named_with_the_way_out(tmp_path):
-    import tensorflow as tf
-    from train.resumable import Checkpoints
+BAD_MODELS = """
+import sys
+import tensorflow as tf
+from train.resumable import Checkpoints
 
-    unbuilt = tf.keras.Sequential([tf.keras.layers.Dense(2)])
-    unbuilt.compile(optimizer="adam", loss="mse")
-    with pytest.raises(ValueError, match="build the model before restoring it"):
-        Checkpoints(unbuilt, directory=tmp_path).restore()
-    uncompiled = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
-    with pytest.raises(ValueError, match="compile the model first"):
-        Checkpoints(uncompiled, directory=tmp_path)
+unbuilt = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+unbuilt.compile(optimizer="adam", loss="mse")
+uncompiled = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+for make in (lambda: Checkpoints(unbuilt, directory=sys.argv[1]).restore(),
+             lambda: Checkpoints(uncompiled, directory=sys.argv[1])):
+    try:
+        make()
+    except ValueError as error:
+        print("ValueError:", error)
+"""
+
+
+def test_a_model_it_cannot_checkpoint_is_named_with_the_way_out(tmp_path):
+    """In its own process: MPI started inside pytest's would set Open MPI's singleton variables
+    in the C environment, which every later mpirun of the worker inherits and fails on."""
+    done = subprocess.run([sys.executable, "-c", BAD_MODELS, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    errors = [line for line in done.stdout.splitlines() if line.startswith("ValueError")]
+    assert len(errors) == 2, done.stdout + done.stderr[-3000:]
+    assert "build the model before restoring it" in errors[0]
+    assert "compile the model first" in errors[1]
