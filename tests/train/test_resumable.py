@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from tests.conftest import ROOT, run_train, stop_job
 
