@@ -11,6 +11,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from train.rank import StopRequest
+
 STOP = 1  # a rank got the job's stop (SIGTERM forwarded as SIGUSR1: train.rank.StopRequest)
 SAVE = 2  # a checkpoint is due by the leader's clock (Cadence)
 
@@ -52,3 +54,10 @@ class Cadence:
 
     def saved(self) -> None:
         self.last = time.monotonic()
+
+
+def agree_after_step(cadence: Cadence | None) -> int:
+    """What every rank agrees on after an optimizer step: STOP when any rank was asked to stop,
+    SAVE when the leader's `cadence` says a checkpoint is due."""
+    return agree((STOP if StopRequest.requested() else 0) |
+                 (SAVE if cadence is not None and cadence.due() else 0))

@@ -8,11 +8,11 @@ from typing import Callable
 from mpi4py import MPI
 
 from job.protocol import metrics_line
-from train.agreement import SAVE, STOP, Cadence, agree
+from train.agreement import SAVE, STOP, Cadence, agree_after_step
 from train.jax_state import attach_state
 from train.framework import keras
 from train.progress import Progress
-from train.rank import StopRequest, emit
+from train.rank import emit
 
 
 class StopOnRequest(keras.callbacks.Callback):
@@ -36,8 +36,7 @@ class StopOnRequest(keras.callbacks.Callback):
             return
         # A plain MPI allreduce of a few bits costs microseconds; Horovod's tensor allreduce
         # would cost a background-thread cycle per step.
-        agreed = agree((STOP if StopRequest.requested() else 0) |
-                       (SAVE if self.cadence and self.cadence.due() else 0))
+        agreed = agree_after_step(self.cadence)
         if agreed & STOP:
             self.model.stop_training = True
             self.stopped = True

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from job.paths import MlPaths
-from train.agreement import SAVE, STOP, Cadence, agree
+from train.agreement import STOP, Cadence, agree_after_step
 from train.checkpoints import ArrayCheckpoint, CheckpointStore
 from train.jax_state import attach_state
 from train.rank import StopRequest, emit
@@ -129,8 +129,7 @@ class Checkpoints:
                    **extra: Any) -> None:
         """Every rank, after every optimizer step: saves when one is due by the clock, and
         when the job is asked to stop saves and exits (SystemExit 143) on every rank."""
-        agreed = agree((STOP if StopRequest.requested() else 0) |
-                       (SAVE if self.cadence.due() else 0))
+        agreed = agree_after_step(self.cadence)
         if agreed:
             attach_state(self.model)  # inside Keras 3's fit on JAX: every rank, now
             self.save(epoch=epoch, step=step, **extra)
