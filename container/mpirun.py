@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Mapping
 
 from job.errors import ConfigError
 
@@ -129,3 +130,10 @@ def default_options(*, hosts: tuple[str, ...], processes_per_host: int, interfac
 
 def build_argv(options: list[Option], rank_command: list[str]) -> list[str]:
     return ["mpirun", *(token for option in options for token in option.tokens), *rank_command]
+
+
+def with_environment(argv: tuple[str, ...], env: Mapping[str, str]) -> tuple[str, ...]:
+    """`argv` with every rank given `env` too: values known only once the job has started
+    (its MLflow run), not when its plan was made."""
+    return (argv[0], *(token for name, value in env.items() for token in
+                       ("-x", f"{name}={value}")), *argv[1:])

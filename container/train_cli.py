@@ -37,6 +37,8 @@ What it does, on every host of the job:
    and fails as hung (exit code 4) on every host; see container.watchdog.
 8. With `max_restarts`, a failed rank or a hung job runs every rank again from the newest
    checkpoint (the leader decides; container.restarts).
+9. With MLFLOW_TRACKING_URI, the leader makes the job's MLflow run before the ranks start and
+   ends it with the outcome (container.mlflow_run); every rank is told the run.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from container import empty_model, network, source_dir, sshd
+from container import empty_model, mlflow_run, mpirun, network, source_dir, sshd
 from container.coordination import Leader, follow_leader
 from job.errors import TrainError
 from container.failure import Outcome, relayed, write_failure
@@ -107,6 +109,7 @@ def installed_stack() -> str:
 def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     """The one top-level handler: every failure becomes the failure file and an exit code."""
     runtime = Path(tempfile.mkdtemp(prefix="train-job-"))  # private (0700), never reused
+    run = None  # the job's MLflow run, when it has a tracking server
     try:
         job = read_job_config(paths)
         paths = job.paths  # with the checkpoint and TensorBoard folders the job configured
@@ -120,6 +123,9 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
         log_plan(plan)
+        run, run_env = mlflow_run.begin(plan, job.hyperparameters, os.environ,
+                                        installed_stack(), paths)
+        plan = dataclasses.replace(plan, mpirun=mpirun.with_environment(plan.mpirun, run_env))
         started = time.time()
         outcome = execute(plan, runtime, paths)
         if outcome.exit_code == 0 and plan.job.program and plan.cluster.is_leader:
@@ -132,6 +138,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
                                  f"{type(error).__name__}: {error}")
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+    mlflow_run.end(run, outcome)
     return report(paths, outcome, dry_run)
 
 

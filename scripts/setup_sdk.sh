@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The SageMaker Python SDK in a virtualenv of its own, for the tests that run its local
-# container mode against the image (tests/image/test_sdk_local_mode.py):
+# Test-only tools in virtualenvs of their own: the SageMaker Python SDK, for the tests that run
+# its local container mode against the image (tests/image/test_sdk_local_mode.py), and an
+# MLflow tracking server for the tests of the job's MLflow run (tests/container/test_mlflow.py):
 #
-#   scripts/setup_sdk.sh 3     .venv-sdk3: SDK 3 (`ModelTrainer`, package sagemaker-train)
-#   scripts/setup_sdk.sh 2     .venv-sdk2: SDK 2 (`Estimator`, package sagemaker<3)
+#   scripts/setup_sdk.sh 3       .venv-sdk3: SDK 3 (`ModelTrainer`, package sagemaker-train)
+#   scripts/setup_sdk.sh 2       .venv-sdk2: SDK 2 (`Estimator`, package sagemaker<3)
+#   scripts/setup_sdk.sh mlflow  .venv-mlflow: `mlflow server` (the whole mlflow package)
 #
-# Test-only dependencies: they need numpy 2 and protobuf 4+, which the TensorFlow 2.15 stack of
-# .venv cannot take, and nothing of them enters the image. Each is locked by
-# constraints-sdkN.txt; a stamp of the inputs makes a second run do nothing.
+# They need numpy 2 and protobuf 4+, which the TensorFlow 2.15 stack of .venv cannot take, and
+# nothing of them enters the image. Each is locked by constraints-sdkN.txt (the server by
+# constraints-mlflow.txt); a stamp of the inputs makes a second run do nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,10 +17,11 @@ PYTHON=${PYTHON:-python3.11}
 case "${1:-}" in
   2) SDK="sagemaker==2.257.7"; CHECK="from sagemaker.estimator import Estimator; import sagemaker.local" ;;
   3) SDK="sagemaker-train==1.27.0"; CHECK="from sagemaker.train.model_trainer import ModelTrainer; import sagemaker.train.local.local_container, sagemaker.core.local" ;;
-  *) echo "setup_sdk: give the SDK's major version: 2 or 3" >&2; exit 2 ;;
+  mlflow) SDK="mlflow==3.17.2"; CHECK="import mlflow.server" ;;
+  *) echo "setup_sdk: give the SDK's major version (2 or 3), or mlflow" >&2; exit 2 ;;
 esac
-VENV=.venv-sdk$1
-LOCK=constraints-sdk$1.txt
+VENV=.venv-sdk$1 LOCK=constraints-sdk$1.txt
+if [ "$1" = mlflow ]; then VENV=.venv-mlflow LOCK=constraints-mlflow.txt; fi
 stamp=$(cat "$LOCK" scripts/setup_sdk.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$VENV/.setup-stamp" ] && [ "$(cat "$VENV/.setup-stamp")" = "$stamp" ]; then
   exit 0

@@ -2,8 +2,8 @@
 # `make test`: the whole suite from a fresh clone, in phases, each timed, with the times printed
 # at the end (also when a phase fails):
 #   set-up           scripts/container_setup.sh, scripts/setup.sh (venv, Horovod wheel), the
-#                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3 test
-#                    venvs)
+#                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3 and
+#                    the MLflow server test venvs)
 #   image build      the CPU image the container tests run (scripts/build_image.sh)
 #   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP);
 #                    the TensorFlow 2.21 image (STACK=tf: downloads and installs, nothing to
@@ -41,7 +41,7 @@ phase() {
 # downloads) and the SDK test venvs (downloads) beside the venv and the Horovod compile (CPU).
 phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/make_base_image.sh & base=$!
-                          { bash scripts/setup_sdk.sh 3 && bash scripts/setup_sdk.sh 2; } & sdk=$!
+                          { bash scripts/setup_sdk.sh 3 && bash scripts/setup_sdk.sh 2 && bash scripts/setup_sdk.sh mlflow; } & sdk=$!
                           bash scripts/setup.sh; built=$?
                           wait $base && wait $sdk && exit $built; }'
 phase "image build" bash scripts/build_image.sh

@@ -8,6 +8,7 @@ from typing import Callable
 from mpi4py import MPI
 
 from job.protocol import metrics_line
+from job.tracking import RunLogger, metric
 from train.agreement import SAVE, STOP, Cadence, agree_after_step
 from train.jax_state import attach_state
 from train.framework import keras
@@ -58,14 +59,16 @@ class StepCount(keras.callbacks.Callback):
 
 
 class EpochReport(keras.callbacks.Callback):
-    """Rank 0 prints one METRICS line per epoch (averaged over ranks: train.sync);
-    the epoch a resumed job continues reports the steps it ran after the resume."""
+    """Rank 0 prints one METRICS line per epoch (averaged over ranks: train.sync) and logs
+    it to the job's MLflow run when there is one (`run`, rank 0's only); the epoch a resumed
+    job continues reports the steps it ran after the resume."""
 
     def __init__(self, samples_per_step: int, learning_rate: Callable[[], float],
-                 history: dict[str, list[float]]):
+                 history: dict[str, list[float]], run: RunLogger | None = None):
         super().__init__()
         self.samples_per_step = samples_per_step
         self.learning_rate = learning_rate
+        self.run = run
         self.started = self.trained = 0.0
         self.steps = 0
         self.history = history  # resumed jobs continue the curves of earlier runs
@@ -88,6 +91,8 @@ class EpochReport(keras.callbacks.Callback):
             self.history.setdefault(key, []).append(float(value))
         if MPI.COMM_WORLD.Get_rank() == 0:
             emit(metrics_line(epoch + 1, values))
+        if self.run:
+            self.run.log(metrics=[metric(key, value, epoch + 1) for key, value in values.items()])
 
 
 class Checkpointer(keras.callbacks.Callback):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,6 +32,7 @@ from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
 from job.trainer_config import TrainerConfig
+from job.tracking import RunLogger
 from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
 from train.pipeline import (Source, evaluation_input, label_lookup, moments,
@@ -268,8 +270,9 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
 
     # at an optimizer step: a stop, or a checkpoint inside the epoch when one is due
     stop = StopOnRequest(batches_per_step, cadence, save)
+    run = RunLogger.of_environment(os.environ, say) if sync.rank == 0 else None
     report = EpochReport(plan.global_batch // batches_per_step,
-                         lambda: float(schedule(local_value(optimizer.iterations))), history)
+                         lambda: float(schedule(local_value(optimizer.iterations))), history, run)
     callbacks = [*sync.callbacks(),  # distributed: average epoch metrics
                  batches, stop, report,
                  Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
@@ -319,6 +322,8 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()
                            if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
         emit(f"RESULT {summary} model={exported}")
+        if run:
+            run.log(tags={"model.location": exported})
         emit(mark_line(Mark.MODEL_EXPORTED))
 
 

@@ -1,0 +1,82 @@
+"""The job's MLflow run: made by the leader's launcher before any rank starts, ended by it with
+the job's outcome.
+
+One run per job, whoever logs into it: the built-in trainer's rank 0 (each epoch's metrics, the
+model's location) and a user's script (`mlflow.start_run()` joins the run named by
+MLFLOW_RUN_ID, which every rank gets). The launcher owns its start and end because only it
+sees the whole job: the parameters it validated, the hosts, every restart, and an outcome a
+dead rank could not report (FAILED with the job's failure reason, KILLED when stopped).
+A server that cannot be reached is a warning (job.notices), never the job's failure: the
+metrics are still in the log and in output/data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from container.failure import Outcome
+from container.plan import IMAGES, LaunchPlan
+from job import notices
+from job.paths import MlPaths
+from job.protocol import FailureKind
+from job.tracking import RunLogger, Tracking, TrackingError, experiment_id, start_run
+
+WARNING_FILE = "WARNING-mlflow.txt"
+FAILURE_TAG_LIMIT = 5000  # characters of the failure reason kept in a tag
+
+
+def run_tags(plan: LaunchPlan, environ: Mapping[str, str], stack: str) -> dict[str, str]:
+    cluster = plan.cluster
+    return {"sagemaker.training_job_name": environ.get("TRAINING_JOB_NAME", ""),
+            "sagemaker.hosts": ",".join(cluster.hosts),
+            "sagemaker.instance_type": cluster.instance_type,
+            "image": IMAGES[stack],
+            "mlflow.source.name": plan.job.program or "built-in trainer"}
+
+
+def run_params(hyperparameters: Mapping[str, Any], plan: LaunchPlan) -> dict[str, Any]:
+    """The hyperparameters as the job gave them, and what the launcher derived from them."""
+    params = {**hyperparameters, "world_size": plan.cluster.world_size,
+              "processes_per_host": plan.cluster.processes_per_host}
+    if plan.batches:
+        batches = plan.batches
+        params.update({"global_batch": batches.global_batch,
+                       "per_device_batch": batches.per_device_batch,
+                       "accumulation_steps": batches.accumulation_steps,
+                       "scaled_learning_rate": batches.learning_rate})
+    return params
+
+
+def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping[str, str],
+          stack: str, paths: MlPaths) -> tuple[RunLogger | None, dict[str, str]]:
+    """On the leader, when the job names a tracking server: the job's run, started, with its
+    parameters and tags, and the variables that tell every rank about it; else (None, {})."""
+    tracking = Tracking.from_environment(environ)
+    if tracking is None or not plan.cluster.is_leader:
+        return None, {}
+    try:
+        experiment = experiment_id(tracking, environ)
+        run_id = environ.get("MLFLOW_RUN_ID") or start_run(
+            tracking, experiment, environ.get("MLFLOW_RUN_NAME") or
+            environ.get("TRAINING_JOB_NAME", ""), run_tags(plan, environ, stack))
+    except TrackingError as error:
+        notices.warn(paths, WARNING_FILE, f"MLflow: {error}; this job is not tracked (its "
+                     "metrics are in the log and in output/data)", "launcher")
+        return None, {}
+    print(f"launcher: MLflow run {run_id} in experiment {experiment} at {tracking.endpoint}",
+          flush=True)
+    run = RunLogger(tracking, run_id, lambda text: notices.warn(
+        paths, WARNING_FILE, text, "launcher"))
+    run.log(params=run_params(hyperparameters, plan))
+    return run, {"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment}
+
+
+def end(run: RunLogger | None, outcome: Outcome) -> None:
+    """The run's status from the job's outcome; a failure's exit code and reason as tags."""
+    if run is None:
+        return
+    if outcome.exit_code:
+        run.log(tags={"exit_code": outcome.exit_code,
+                      "failure_reason": outcome.reason[:FAILURE_TAG_LIMIT]})
+    run.end("FINISHED" if outcome.exit_code == 0 else
+            "KILLED" if outcome.kind == FailureKind.STOPPED else "FAILED")
