@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from container.network import free_port
 from job.errors import ConfigError
 from job.tracking import Tracking, experiment_id
-from tests.conftest import ROOT, failure_of, run_train
+from tests.conftest import ROOT, failure_of, run_train, stop_job
 from tests.container.test_multi_host import HOSTS, cluster, start  # noqa: F401
 
 SERVER_START = 240  # seconds: the first start of a fresh server migrates its database
@@ -177,3 +177,15 @@ def test_only_a_tracking_server_is_tracked_by_the_launcher():
     assert Tracking.from_environment({}) is None
     assert Tracking.from_environment({"MLFLOW_TRACKING_URI": "file:/opt/ml/output/mlruns"}) \
         is None  # a script's own mlflow writes there; the launcher leaves it alone
+
+
+def test_a_stopped_job_ends_its_run_killed(make_script_job, mlflow_server, monkeypatch):
+    env = tracked(mlflow_server)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    root = make_script_job("wait.py", {}, "import time\nprint('ready', flush=True)\n"
+                           "time.sleep(120)\n")
+    stop_job(root, "ready")
+    [run] = runs_of(mlflow_server, env)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["failure_reason"].startswith("training was stopped by a signal")
