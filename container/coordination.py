@@ -7,8 +7,14 @@ one line per message:
     leader -> worker   KEY <the job's ssh public key>
     worker -> leader   READY <the worker sshd's host key>   |   FAIL <reason>
     both ways          PING                                  (every second, from HELLO on)
+    data host -> leader ENDED <code> <kind> <reason as JSON> (its script failed)
     leader -> worker   EXIT <code> <kind> <reason as JSON>
     worker -> leader   BYE
+
+A data host (a heterogeneous job's host that runs no rank, container.data_host) takes part as a
+worker does, with `-` for a host key (it runs no sshd). Its script runs beside the training:
+when the script fails, or the host falls silent, the leader stops the training (`abort`) and
+the job fails with the data host's reason.
 
 Hosts start in any order: a worker retries until `leader_timeout`, the leader waits
 `host_timeout` for every worker. Both sides send PING every second from the first contact, so
@@ -118,9 +124,14 @@ class _Connection:
             self.sock.close()
 
 
-def _exit_line(outcome: Outcome) -> str:
+def _exit_line(outcome: Outcome, verb: str = "EXIT") -> str:
     kind = outcome.kind.value if outcome.kind else "ok"
-    return f"EXIT {outcome.exit_code} {kind} {json.dumps(outcome.reason)}"
+    return f"{verb} {outcome.exit_code} {kind} {json.dumps(outcome.reason)}"
+
+
+def ended_line(outcome: Outcome) -> str:
+    """What a data host sends the leader when its script failed."""
+    return _exit_line(outcome, "ENDED")
 
 
 def _outcome(line: str) -> Outcome:
@@ -132,8 +143,11 @@ class Leader:
     """The leader's side: hands out the key, collects readiness, broadcasts the outcome."""
 
     def __init__(self, *, address: str, port: int, workers: list[str], public_key: str,
-                 heartbeat_timeout: float):
-        self.workers = set(workers)
+                 heartbeat_timeout: float, data_hosts: tuple[str, ...] = ()):
+        self.data_hosts = set(data_hosts)
+        self.workers = set(workers) | self.data_hosts
+        self.abort = threading.Event()  # set when a data host ended the job: stop the ranks
+        self.ended: dict[str, Outcome] = {}  # data hosts whose script failed, and how
         self.public_key = public_key
         self.heartbeat_timeout = heartbeat_timeout
         self.host_keys: dict[str, str] = {}
@@ -275,6 +289,13 @@ class Leader:
                     self.said_bye.add(host)
                     self.condition.notify_all()
                 return
+            if line is not None and line.startswith("ENDED ") and host in self.data_hosts:
+                ended = _outcome(line)
+                log(f"coordinator: the script on data host {host} failed: {ended.reason}")
+                with self.condition:
+                    self.ended.setdefault(host, ended)
+                self.abort.set()
+                continue
             if line is None:
                 self._lost(host, "it closed the connection")
                 return
@@ -291,6 +312,8 @@ class Leader:
                 self.lost.setdefault(host, why)
             self.condition.notify_all()
         log(f"coordinator: lost contact with worker {host}: {why}")
+        if host in self.data_hosts:  # no rank of its own fails with it: stop them
+            self.abort.set()
 
     def wait_ready(self, timeout: float) -> dict[str, str]:
         """Block until every worker is ready; returns host -> sshd host key."""
@@ -303,7 +326,8 @@ class Leader:
                 missing = sorted(self.workers - set(self.host_keys))
                 if not missing:
                     self.running = True
-                    return dict(self.host_keys)
+                    return {host: key for host, key in self.host_keys.items()
+                            if host not in self.data_hosts}
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PlatformError(
@@ -318,6 +342,11 @@ class Leader:
         TensorFlow's collectives) are its consequence, whichever mpirun reported first."""
         with self.condition:
             lost = next(iter(self.lost.items()), None)
+            ended = next(iter(self.ended.items()), None)
+        if outcome.kind is not None and ended is not None:
+            host, how = ended
+            return Outcome(FailureKind.CLUSTER, f"data host {host}: {how.reason}; the training "
+                           "on every host was stopped", how.exit_code)
         if outcome.kind is None or lost is None:
             return outcome
         host, why = lost
@@ -352,13 +381,16 @@ class Leader:
 
 
 def follow_leader(leader: str, port: int, host: str, *, address: str, leader_timeout: float,
-                  heartbeat_timeout: float, on_key: Callable[[str], str]) -> Outcome:
+                  heartbeat_timeout: float, on_key: Callable[[str], str],
+                  on_ready: Callable[[Callable[[str], bool]], None] = lambda send: None
+                  ) -> Outcome:
     """The worker's side: the job's outcome as the leader reports it.
 
     `address` is this host's cluster address (the leader accepts this host only from it);
-    `on_key(public_key)` prepares this host (starts its sshd) and returns the host key. A
-    leader that closes the connection before answering (it is busy: too many connections)
-    is tried again until `leader_timeout`.
+    `on_key(public_key)` prepares this host (starts its sshd) and returns the host key;
+    `on_ready(send)` runs once the leader has it, with a way to send the leader a line later
+    (a data host's ENDED). A leader that closes the connection before answering (it is busy:
+    too many connections) is tried again until `leader_timeout`.
     """
     deadline = time.monotonic() + leader_timeout
     while True:
@@ -376,20 +408,22 @@ def follow_leader(leader: str, port: int, host: str, *, address: str, leader_tim
                     f"the leader {leader} refused this host until leader_timeout "
                     f"({leader_timeout:g} s): does {host} resolve on the leader to this host's "
                     f"address {address}?") from None
-            return line if isinstance(line, Outcome) else _serve_leader(peer, line, leader,
-                                                                        heartbeat_timeout, on_key)
+            return line if isinstance(line, Outcome) else _serve_leader(
+                peer, line, leader, heartbeat_timeout, on_key, on_ready)
         finally:
             peer.close()
 
 
 def _serve_leader(peer: _Connection, key_line: str, leader: str, heartbeat_timeout: float,
-                  on_key: Callable[[str], str]) -> Outcome:
+                  on_key: Callable[[str], str],
+                  on_ready: Callable[[Callable[[str], bool]], None]) -> Outcome:
     try:
         host_key = on_key(key_line.partition(" ")[2])
     except TrainError as error:
         peer.send(f"FAIL {error}")
         raise
     peer.send(f"READY {host_key}")
+    on_ready(peer.send)
     try:
         outcome = _expect(peer, leader, heartbeat_timeout)
     except _Closed:

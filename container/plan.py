@@ -14,7 +14,7 @@ SM_CURRENT_HOST, and checks the placement against OpenMPI's local rank at start.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,10 +23,10 @@ from job.errors import ConfigError
 from job.hyperparameters import decode
 from job.validated import JobHyperparameters, submit_directory
 from job.launch_config import LaunchConfig
-from job.sagemaker_config import JobConfig
+from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
-from job.rank_job import Processes, RankJob
+from job.rank_job import DATA_HOST_ENV, Processes, RankJob
 from job.trainer_config import JAX
 from job.source_code import SDK_CHANNELS
 
@@ -55,11 +55,19 @@ CPU_RANK_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "5",
 
 @dataclass(frozen=True)
 class ClusterPlan:
+    """`hosts`: those that run ranks; `data_hosts`: those of a heterogeneous job's other
+    instance groups, which run the script on their own (container.data_host)."""
+
     hosts: tuple[str, ...]
     current_host: str
     processes_per_host: int
     interface: str
     instance_type: str
+    data_hosts: tuple[str, ...] = ()
+
+    @property
+    def is_data_host(self) -> bool:
+        return self.current_host in self.data_hosts
 
     @property
     def leader(self) -> str:
@@ -94,6 +102,9 @@ class LaunchPlan:
     script_args: tuple[str, ...]
     ignored_hyperparameters: tuple[str, ...]
     mpirun: tuple[str, ...]
+    # On a data host: the script alone, not under mpirun, and its environment.
+    data_command: tuple[str, ...] = ()
+    data_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def batches(self) -> BatchPlan | None:
@@ -119,7 +130,8 @@ class LaunchPlan:
     def as_json(self) -> dict[str, Any]:
         cluster = self.cluster
         plan: dict[str, Any] = {
-            "hosts": list(cluster.hosts), "current_host": cluster.current_host,
+            "hosts": list(cluster.hosts), "data_hosts": list(cluster.data_hosts),
+            "current_host": cluster.current_host,
             "leader": cluster.leader, "is_leader": cluster.is_leader,
             "processes_per_host": cluster.processes_per_host,
             "world_size": cluster.world_size, "network_interface": cluster.interface,
@@ -139,6 +151,32 @@ class LaunchPlan:
                         learning_rate=self.batches.learning_rate,
                         batch_derivation=self.batches.derivation())
         return plan
+
+
+def training_groups(resources: ResourceConfig, setting: str) -> tuple[InstanceGroup, ...]:
+    """The instance groups whose hosts run the ranks: those `setting` names (the
+    distribution_instance_groups hyperparameter: a JSON list or comma-separated names), else
+    the job's only group. ConfigError when a job of several groups names none, or one it lacks."""
+    groups = resources.instance_groups
+    value = decode(setting)
+    names = value if isinstance(value, list) else \
+        [name.strip() for name in str(value).split(",") if name.strip()] if value else []
+    listing = ", ".join(group.describe() for group in groups)
+    if not names:
+        if len(groups) == 1:
+            return groups
+        raise ConfigError(
+            f"this job has {len(groups)} instance groups, {listing}, and names none to train: "
+            "set the hyperparameter sagemaker_distribution_instance_groups to the groups whose "
+            "hosts run the ranks, as a JSON list such as '[\"" + groups[0].name + "\"]' (SDK "
+            "2: Estimator(..., distribution={\"mpi\": {\"enabled\": True}, "
+            "\"instance_groups\": [InstanceGroup(...)]}))")
+    known = {group.name: group for group in groups}
+    unknown = [name for name in names if name not in known]
+    if unknown or not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"sagemaker_distribution_instance_groups names {unknown or names}, "
+                          f"which this job does not have; its instance groups are {listing}")
+    return tuple(known[name] for name in dict.fromkeys(names))
 
 
 def rank_command(python: str, module: str, *args: str) -> list[str]:
@@ -282,6 +320,23 @@ def _check_builtin_channels(job: JobConfig) -> None:
                               "container does not read; use File or FastFile")
 
 
+def _check_groups(training: tuple[InstanceGroup, ...], data_hosts: tuple[str, ...],
+                  launch: LaunchConfig, program: str) -> None:
+    """What a heterogeneous job can run here: ranks per host the same on every training host,
+    and other groups' hosts only for a script (the built-in trainer has no use for them)."""
+    types = sorted({group.instance_type for group in training})
+    if len(types) > 1 and not launch.processes_per_host:
+        raise ConfigError(f"the training instance groups have different instance types "
+                          f"({', '.join(types)}): set processes_per_host, the ranks every one "
+                          "of their hosts runs")
+    if data_hosts and not program:
+        raise ConfigError(
+            f"the built-in trainer runs on the training groups' hosts only, and hosts "
+            f"{', '.join(data_hosts)} of this job's other instance groups would sit idle: "
+            "train with the training group alone, or run your own script (program=...), "
+            "which those hosts run on their own (SM_CURRENT_INSTANCE_GROUP says where)")
+
+
 def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,
               runtime: Path, environ: Mapping[str, str], stack: str = HOROVOD) -> LaunchPlan:
     """Check the rest of what the job says (its hyperparameters are `settings`, validated
@@ -293,11 +348,16 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     if keras_on_jax and stack != TENSORFLOW:
         raise ConfigError(f"backend=jax trains the built-in model with Keras 3 on JAX, which "
                           f"{IMAGES[stack]} does not have; run it on {IMAGES[TENSORFLOW]}")
-    cluster = ClusterPlan(hosts=resources.hosts, current_host=resources.current_host,
+    training = training_groups(resources, launch.distribution_instance_groups)
+    hosts = tuple(sorted(host for group in training for host in group.hosts))
+    data_hosts = tuple(sorted(set(resources.hosts) - set(hosts)))
+    _check_groups(training, data_hosts, launch, settings.program)
+    cluster = ClusterPlan(hosts=hosts, current_host=resources.current_host,
                           processes_per_host=processes_per_host(
                               launch, gpu_count, HOROVOD if keras_on_jax else backend),
                           interface=resources.network_interface_name,
-                          instance_type=resources.instance_type)
+                          instance_type=training[0].instance_type if data_hosts
+                          else resources.instance_type, data_hosts=data_hosts)
     workers = tf_workers(cluster, launch.tf_worker_port) if backend == TENSORFLOW else ()
     layout = processes(cluster, launch.distribution_port, gpu_count)
     args: tuple[str, ...] = ()
@@ -339,6 +399,12 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
         forwarded=forwarded_environment(environ),
         ssh_args=ssh_args)
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
+    data_command, data_env = (), {}
+    if cluster.is_data_host:
+        data_command = (python, "-P", "-m", "train.script_runner", str(script), *args)
+        data_env = {**rank_environment(job, cluster, rank_job, 0, environ),
+                    DATA_HOST_ENV: cluster.current_host}
     return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,
                       ignored_hyperparameters=settings.ignored,
-                      mpirun=tuple(mpirun.build_argv(options, command)))
+                      mpirun=tuple(mpirun.build_argv(options, command)),
+                      data_command=data_command, data_env=data_env)

@@ -65,8 +65,9 @@ class StopSignals:
         except subprocess.TimeoutExpired:
             self.escalate()
 
-    def escalate(self) -> None:
-        print("launcher: ranks did not stop in time; terminating mpirun", flush=True)
+    def escalate(self, why: str = "ranks did not stop in time") -> None:
+        print(f"launcher: {why}; terminating {os.path.basename(self.process.args[0])}",
+              flush=True)
         self._signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=10)
@@ -79,8 +80,10 @@ class StopSignals:
 
 
 def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
-               env: dict[str, str] | None = None, watch: ProgressWatch | None = None) -> Outcome:
-    """Run mpirun to the end, echoing its output; the outcome says who failed and why."""
+               env: dict[str, str] | None = None, watch: ProgressWatch | None = None,
+               abort: threading.Event | None = None) -> Outcome:
+    """Run mpirun to the end, echoing its output; the outcome says who failed and why.
+    `abort`, once set, ends it at once (the job failed elsewhere: a data host)."""
     log, lines = OutputLog(), WholeLines()
 
     def take(line: str) -> None:
@@ -100,6 +103,9 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
         if watch is not None:
             threading.Thread(target=_watchdog, args=(process, watch, stops),
                              daemon=True).start()
+        if abort is not None:
+            threading.Thread(target=_aborter, args=(process, abort, stops),
+                             daemon=True).start()
         for output_line in process.stdout:
             for line in lines.feed(output_line):
                 take(line)
@@ -118,6 +124,13 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
         return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
                               f"stopped, max runtime or spot reclaim); {detail}")
     return summarize(log, exit_code, host_of_rank)
+
+
+def _aborter(process: subprocess.Popen, abort: threading.Event, stops: StopSignals) -> None:
+    while process.poll() is None:
+        if abort.wait(0.5):
+            stops.escalate("the job ended on another host")
+            return
 
 
 def _watchdog(process: subprocess.Popen, watch: ProgressWatch, stops: StopSignals) -> None:

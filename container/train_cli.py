@@ -54,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -61,6 +62,7 @@ from typing import Callable
 
 from container import empty_model, mlflow_run, mpirun, network, source_dir, sshd
 from container.coordination import Leader, follow_leader
+from container.data_host import run_data_host
 from job.errors import TrainError
 from container.failure import Outcome, relayed, write_failure
 from container.init import become_init
@@ -185,10 +187,13 @@ def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
 
 def log_plan(plan: LaunchPlan) -> None:
     cluster = plan.cluster
-    role = "leader" if cluster.is_leader else "worker"
+    role = "leader" if cluster.is_leader else "data host" if cluster.is_data_host else "worker"
     print(f"launcher: host {cluster.current_host} ({role}) of {len(cluster.hosts)}: "
           f"{', '.join(cluster.hosts)}; {cluster.processes_per_host} rank(s) per host, "
           f"world size {cluster.world_size}", flush=True)
+    if cluster.data_hosts:
+        print(f"launcher: data hosts (other instance groups, the script on its own): "
+              f"{', '.join(cluster.data_hosts)}", flush=True)
     if plan.ignored_hyperparameters:
         print(f"launcher: ignoring SDK hyperparameters: "
               f"{', '.join(plan.ignored_hyperparameters)}", flush=True)
@@ -201,20 +206,25 @@ def log_plan(plan: LaunchPlan) -> None:
               f"as hung: {2 * QUIET_END:g} s or more is safe", flush=True)
     if cluster.is_leader:
         print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
+    elif cluster.is_data_host:
+        print(f"launcher: running: {shlex.join(plan.data_command)}", flush=True)
 
 
 def supervise(plan: LaunchPlan, paths: MlPaths,
-              root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome) -> Outcome:
+              root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome,
+              abort: threading.Event | None = None) -> Outcome:
     """Run the plan's mpirun under the stop signals and the progress watchdog, again after a
     failure while `max_restarts` allows (container.restarts); `root_cause` names what made
-    an attempt fail (on the leader of several hosts: a lost worker)."""
+    an attempt fail (on the leader of several hosts: a lost worker or a data host's failure,
+    which also sets `abort`)."""
     cluster = plan.cluster
 
     def attempt() -> Outcome:
         watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
                                  cluster.world_size, plan.stall_check)
         return root_cause(run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
-                                     host_of_rank=cluster.host_of_rank, watch=watch))
+                                     host_of_rank=cluster.host_of_rank, watch=watch,
+                                     abort=abort))
 
     return run_with_restarts(attempt, plan.launch.max_restarts, paths.checkpoint_dir,
                              paths.output_data_dir)
@@ -222,9 +232,12 @@ def supervise(plan: LaunchPlan, paths: MlPaths,
 
 def execute(plan: LaunchPlan, runtime: Path, paths: MlPaths) -> Outcome:
     cluster = plan.cluster
-    if not cluster.multi_host:
+    if not cluster.multi_host and not cluster.data_hosts:
         return supervise(plan, paths)
-    network.wait_resolvable(cluster.hosts, cluster.leader, plan.launch.host_timeout)
+    network.wait_resolvable([*cluster.hosts, *cluster.data_hosts], cluster.leader,
+                            plan.launch.host_timeout)
+    if cluster.is_data_host:
+        return run_data_host(plan)
     files = sshd.make_runtime(runtime)
     return run_leader(plan, files, paths) if cluster.is_leader else run_worker(plan, files)
 
@@ -235,19 +248,24 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
     address = network.address_of(cluster.current_host)
     coordinator = Leader(address=address, port=launch.coordinator_port,
                          workers=list(cluster.workers), public_key=public_key,
-                         heartbeat_timeout=launch.heartbeat_timeout)
+                         heartbeat_timeout=launch.heartbeat_timeout,
+                         data_hosts=cluster.data_hosts)
     own_sshd = None
     try:
-        own_sshd, own_host_key = sshd.start_sshd(
-            files, address=address, port=launch.sshd_port, authorized_key=public_key)
-        host_keys = {cluster.current_host: own_host_key,
-                     **coordinator.wait_ready(launch.host_timeout)}
-        files.known_hosts.write_text("".join(
-            sshd.known_hosts_line(host, launch.sshd_port, key) for host, key in host_keys.items()))
-        network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
-        print(f"launcher: all {len(cluster.hosts)} hosts ready", flush=True)
+        if cluster.multi_host:  # ranks on other hosts: mpirun reaches them over ssh
+            own_sshd, own_host_key = sshd.start_sshd(
+                files, address=address, port=launch.sshd_port, authorized_key=public_key)
+        host_keys = coordinator.wait_ready(launch.host_timeout)
+        if cluster.multi_host:
+            host_keys[cluster.current_host] = own_host_key
+            files.known_hosts.write_text("".join(
+                sshd.known_hosts_line(host, launch.sshd_port, key)
+                for host, key in host_keys.items()))
+            network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
+        hosts = len(cluster.hosts) + len(cluster.data_hosts)
+        print(f"launcher: all {hosts} hosts ready", flush=True)
         print(mark_line(Mark.HOSTS_READY), flush=True)
-        outcome = supervise(plan, paths, coordinator.root_cause)
+        outcome = supervise(plan, paths, coordinator.root_cause, coordinator.abort)
     except TrainError as error:
         coordinator.finish(Outcome.failed(error.kind, str(error)))
         raise

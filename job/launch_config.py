@@ -85,6 +85,12 @@ class LaunchConfig:
         7777, "Port on the leader where every process of the job meets to start Keras 3's "
         "keras.distribution (JAX's coordinator; KERAS_DISTRIBUTION_JOB_ADDRESSES, "
         "JAX_COORDINATOR_ADDRESS); also SM_MASTER_PORT.", minimum=1, maximum=65535)
+    distribution_instance_groups: str = hp(
+        "", "Heterogeneous clusters: the instance groups whose hosts run the ranks, as a JSON "
+        "list or comma-separated names (the SDK's distribution={..., \"instance_groups\": "
+        "[...]}); the other groups' hosts run the script on their own. Empty: the job's one "
+        "group (a job of several groups must name them).",
+        aliases=("sagemaker_distribution_instance_groups",))
     sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
                         maximum=65535)
     coordinator_port: int = hp(

@@ -20,6 +20,9 @@ from job.batching import BatchPlan
 from job.trainer_config import TrainerConfig
 
 JOB_ENV = "TRAIN_JOB"
+# Set by the launcher of a heterogeneous job's data host (container.data_host) to that host's
+# name: its script runs alone, outside the ranks' world (TRAIN_HOSTS are the training hosts).
+DATA_HOST_ENV = "TRAIN_DATA_HOST"
 # Linux holds at most 128 KiB in one environment string (MAX_ARG_STRLEN), its name included.
 ENV_LIMIT = 128 * 1024
 

@@ -1,9 +1,12 @@
 """The job description SageMaker writes to /opt/ml/input/config, read into typed config.
 
 - resourceconfig.json: `current_host`, `hosts` (sorted by SageMaker), `network_interface_name`
-  (eth0 on most instances, eth1 in AWS's own example, ethwe in newer local mode) and
-  `current_instance_type`. A missing file means a plain `docker run` outside SageMaker: one
-  host named after `algo-1`, which is what local tools and tests expect.
+  (eth0 on most instances, eth1 in AWS's own example, ethwe in newer local mode),
+  `current_instance_type`, and for a heterogeneous cluster `current_group_name` and
+  `instance_groups` (each a name, an instance type and its hosts; SageMaker writes one group,
+  `homogeneousCluster`, for a plain job, and local mode none). A missing file means a plain
+  `docker run` outside SageMaker: one host named after `algo-1`, which is what local tools and
+  tests expect.
 - hyperparameters.json: a map of string to string (see job.hyperparameters for how
   values are decoded). Missing means no hyperparameters.
 - inputdataconfig.json: per channel `ContentType`, `TrainingInputMode` (File | Pipe |
@@ -36,14 +39,29 @@ from job.source_code import SourceCode, read_source_code
 INPUT_MODES = ("File", "FastFile", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 INSTANCE_GROUP = "homogeneousCluster"  # SageMaker's name for the one group of a plain job
+MAX_GROUPS = 5  # CreateTrainingJob's limit on ResourceConfig.InstanceGroups
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    name: str
+    instance_type: str
+    hosts: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.name} ({len(self.hosts)} x {self.instance_type})"
 
 
 @dataclass(frozen=True)
 class ResourceConfig:
+    """`groups` as resourceconfig.json lists them; empty for a job of one plain group."""
+
     current_host: str
     hosts: tuple[str, ...]
     network_interface_name: str = "eth0"
     instance_type: str = "local"
+    current_group: str = INSTANCE_GROUP
+    groups: tuple[InstanceGroup, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -54,15 +72,38 @@ class ResourceConfig:
             raise ValueError(
                 f"resourceconfig.json: current_host {self.current_host!r} is not among hosts "
                 f"{list(self.hosts)}")
+        if self.groups:
+            self._check_groups()
+
+    def _check_groups(self) -> None:
+        names = [group.name for group in self.groups]
+        grouped = [host for group in self.groups for host in group.hosts]
+        if len(self.groups) > MAX_GROUPS or len(set(names)) != len(names):
+            raise ValueError(f"resourceconfig.json: `instance_groups` must be at most "
+                             f"{MAX_GROUPS} groups of distinct names, got {names}")
+        if sorted(grouped) != sorted(self.hosts):
+            raise ValueError(f"resourceconfig.json: the hosts of `instance_groups` "
+                             f"({sorted(grouped)}) must be `hosts` ({sorted(self.hosts)}), "
+                             "each in one group")
+        if self.current_host not in self.group(self.current_group).hosts:
+            raise ValueError(f"resourceconfig.json: current_host {self.current_host!r} is not "
+                             f"in its group {self.current_group!r}")
 
     @property
-    def leader(self) -> str:
-        """The first host in sorted order: the same answer on every host, with no talking."""
-        return sorted(self.hosts)[0]
+    def instance_groups(self) -> tuple[InstanceGroup, ...]:
+        """Every group of the job: a plain job's one group when the file lists none."""
+        return self.groups or (InstanceGroup(self.current_group, self.instance_type,
+                                             self.hosts),)
 
-    @property
-    def is_leader(self) -> bool:
-        return self.current_host == self.leader
+    def group_of(self, host: str) -> InstanceGroup:
+        return next(group for group in self.instance_groups if host in group.hosts)
+
+    def group(self, name: str) -> InstanceGroup:
+        found = [group for group in self.instance_groups if group.name == name]
+        if not found:
+            raise ValueError(f"resourceconfig.json: no instance group {name!r} among "
+                             f"{[group.name for group in self.instance_groups]}")
+        return found[0]
 
 
 @dataclass(frozen=True)
@@ -117,9 +158,32 @@ def read_resources(path: Path) -> ResourceConfig:
     try:
         return ResourceConfig(current_host=current, hosts=tuple(sorted(hosts)),
                               network_interface_name=interface,
-                              instance_type=str(raw.get("current_instance_type", "local")))
+                              instance_type=str(raw.get("current_instance_type", "local")),
+                              current_group=str(raw.get("current_group_name", INSTANCE_GROUP)),
+                              groups=_read_groups(path, raw.get("instance_groups")))
     except ValueError as error:
         raise ConfigError(f"{path}: {error}") from None
+
+
+def _read_groups(path: Path, raw: Any) -> tuple[InstanceGroup, ...]:
+    """The groups a heterogeneous job's file lists; () for one group (a plain job's
+    homogeneousCluster tells nothing the host list does not) or none (local mode)."""
+    if raw is None:
+        return ()
+    shape = ("a list of {\"instance_group_name\": NAME, \"instance_type\": TYPE, "
+             "\"hosts\": [HOST, ...]}")
+    if not isinstance(raw, list) or not all(isinstance(group, dict) for group in raw):
+        raise ConfigError(f"{path}: `instance_groups` must be {shape}, got {raw!r}")
+    groups = []
+    for group in raw:
+        name, hosts = group.get("instance_group_name"), group.get("hosts")
+        if not isinstance(name, str) or not 1 <= len(name) <= 64 or not isinstance(hosts, list) \
+                or not hosts or not all(isinstance(host, str) and host for host in hosts):
+            raise ConfigError(f"{path}: `instance_groups` must be {shape} (names of 1 to 64 "
+                              f"characters, at least one host each), got {group!r}")
+        groups.append(InstanceGroup(name, str(group.get("instance_type", "")),
+                                    tuple(sorted(hosts))))
+    return tuple(groups) if len(groups) > 1 else ()
 
 
 def read_hyperparameters(path: Path) -> dict[str, Any]:
@@ -181,15 +245,15 @@ def write_job_config(job: JobConfig) -> None:
     """Write `job` under `job.paths.config_dir` as SageMaker writes it; read_job_config reads it
     back. Hyperparameter values may be any JSON value: each is written with `encode`."""
     paths, resources = job.paths, job.resources
-    hosts = sorted(resources.hosts)
     paths.config_dir.mkdir(parents=True, exist_ok=True)
     _write_json(paths.resource_config, {
         "current_host": resources.current_host,
         "current_instance_type": resources.instance_type,
-        "current_group_name": INSTANCE_GROUP,
-        "hosts": hosts,
-        "instance_groups": [{"instance_group_name": INSTANCE_GROUP,
-                             "instance_type": resources.instance_type, "hosts": hosts}],
+        "current_group_name": resources.current_group,
+        "hosts": sorted(resources.hosts),
+        "instance_groups": [{"instance_group_name": group.name,
+                             "instance_type": group.instance_type, "hosts": list(group.hosts)}
+                            for group in resources.instance_groups],
         "network_interface_name": resources.network_interface_name})
     _write_json(paths.hyperparameters,
                 {name: encode(value) for name, value in job.hyperparameters.items()})

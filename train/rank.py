@@ -34,6 +34,7 @@ from job.errors import PlatformError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from job.sagemaker_config import configured_paths
 from job.protocol import rank_failure
+from job.rank_job import DATA_HOST_ENV
 from train.activity import Pulse, exclude_horovod_threads
 
 
@@ -68,6 +69,9 @@ def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankCon
     local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
     local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world_size)
     paths = configured_paths(Path(environ.get("TRAIN_ML_ROOT", str(DEFAULT_ML_ROOT))))
+    if environ.get(DATA_HOST_ENV):  # a data host's script: no rank, its own host
+        return RankContext(0, 1, 0, 1, environ[DATA_HOST_ENV],
+                           tuple(environ["TRAIN_HOSTS"].split(",")), paths)
     if "TRAIN_HOSTS" not in environ:
         host = socket.gethostname()
         return RankContext(rank, world_size, local_rank, local_size, host, (host,), paths)

@@ -30,7 +30,7 @@ from pathlib import Path
 from job import notices
 from job.sagemaker_config import read_channels, read_resources
 from train.rank import RankContext, run_rank
-from job.rank_job import RankJob, read_rank_job
+from job.rank_job import DATA_HOST_ENV, RankJob, read_rank_job
 
 
 def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
@@ -43,14 +43,26 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     from sagemaker_training import environment
 
     resources = read_resources(paths.resource_config)
-    resource_config = {"current_host": context.host, "hosts": list(context.hosts),
+    group = resources.group_of(context.host)
+    # Every host of every instance group, and this host's group: the toolkit derives the
+    # heterogeneous-cluster variables from them (SM_CURRENT_INSTANCE_GROUP, SM_IS_HETERO,
+    # SM_INSTANCE_GROUPS_DICT, SM_DISTRIBUTION_HOSTS ...), those of AWS's containers.
+    resource_config = {"current_host": context.host, "hosts": list(resources.hosts),
                        "network_interface_name": resources.network_interface_name,
-                       "current_instance_type": resources.instance_type}
+                       "current_instance_type": group.instance_type,
+                       "current_group_name": group.name,
+                       "instance_groups": [{"instance_group_name": g.name,
+                                            "instance_type": g.instance_type,
+                                            "hosts": list(g.hosts)}
+                                           for g in resources.instance_groups]}
+    training = [g.name for g in resources.instance_groups if set(g.hosts) & set(context.hosts)]
     channels = {name: {"ContentType": c.content_type, "TrainingInputMode": c.input_mode,
                        "S3DistributionType": c.distribution}
                 for name, c in read_channels(paths.input_data_config, paths.data_dir).items()}
-    env = environment.Environment(resource_config=resource_config, input_data_config=channels,
-                                  hyperparameters=job.script_hyperparameters)
+    env = environment.Environment(
+        resource_config=resource_config, input_data_config=channels,
+        hyperparameters={**job.script_hyperparameters,
+                         "sagemaker_distribution_instance_groups": training})
     # The names SDK 3's driver (sm_drivers/scripts/environment.py) adds to the toolkit's, so
     # scripts written for ModelTrainer find them too.
     sdk3 = {"SM_MASTER_ADDR": context.hosts[0],
@@ -91,7 +103,9 @@ def main(context: RankContext) -> None:
     script, arguments = Path(sys.argv[1]).resolve(), sys.argv[2:]
     job = read_rank_job()
     os.environ.update(sm_environment(context, job))
-    os.environ.update(job.worker_environment(context.rank, context.local_rank))
+    data_host = bool(os.environ.get(DATA_HOST_ENV))
+    if not data_host:  # a data host's script is no process of the ranks' job
+        os.environ.update(job.worker_environment(context.rank, context.local_rank))
     # AWS's containers run the script from the code folder: files shipped beside it open by
     # their relative names, and relative outputs land there, not among the image's code.
     os.chdir(context.paths.code_dir)
@@ -99,7 +113,7 @@ def main(context: RankContext) -> None:
     sys.path.insert(0, str(script.parent))
     release(shadowed(script))
     runpy.run_path(str(script), run_name="__main__")
-    alone = trained_alone(context.world_size, jax_processes())
+    alone = None if data_host else trained_alone(context.world_size, jax_processes())
     if alone and context.is_leader:
         notices.warn(context.paths, ALONE_FILE, alone, f"rank {context.rank}")
 

@@ -194,6 +194,18 @@ def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
         time.sleep(1)
 
 
+def kill_a_worker_rank_in_epoch_2(engine, spec, name: str) -> tuple[dict[str, int], str]:
+    """Run the 2-host job `spec` (with max_restarts) and SIGKILL the rank on algo-2 (the
+    out-of-memory killer's signature) once epoch 1 is reported; every host's exit code and
+    the leader's log."""
+    with compose_cluster(engine, spec, name) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        wait_for_log(cluster, "algo-1", "METRICS epoch=1 ", timeout=300)
+        engine.run("exec", cluster.containers()["algo-2"], "pkill", "-KILL", "-f",
+                   "train.rank_main")
+        return cluster.wait_all_exited(600), cluster.logs("algo-1")
+
+
 def failure(spec, host: str) -> str:
     path = local_cluster.host_paths(spec, host).failure_file
     return path.read_text() if path.exists() else ""

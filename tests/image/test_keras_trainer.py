@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import (assert_serves_the_digits, compose_cluster, local_cluster,
-                      newest_checkpoint, restart)
+                      kill_a_worker_rank_in_epoch_2, newest_checkpoint, restart)
 from test_tf_stack import (BUILTIN, cluster_spec, stop_the_leader_in_epoch_2,  # noqa: F401
                            tf_image)
 
@@ -82,4 +82,20 @@ def test_the_builtin_trainer_on_jax_stopped_mid_epoch_ends_as_a_job_never_stoppe
     got = final_arrays(spec, EXACT["epochs"])
     assert len(got) == len(expected)
     for index, (value, want) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
+
+
+def test_the_builtin_trainer_on_jax_restarts_a_killed_process_and_ends_as_never_killed(
+        engine, tf_image, data, tmp_path, reference):
+    """SIGKILL (the out-of-memory killer's signature) to the process on algo-2 in epoch 2, with
+    `max_restarts` 1 and a checkpoint every 0.3 s: the leader runs every process again from
+    the newest checkpoint, and the job ends with the weights of the job never killed."""
+    spec = cluster_spec(tmp_path, tf_image, data, base=ON_JAX, **EXACT, max_restarts=1,
+                        checkpoint_every_minutes=0.005)
+    codes, leader = kill_a_worker_rank_in_epoch_2(engine, spec, "jax-restart")
+    assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    assert "attempt 1 failed (exit code" in leader and "restarting every rank" in leader
+    assert "the job succeeded after 1 restart(s)" in leader
+    for index, (value, want) in enumerate(zip(final_arrays(spec, EXACT["epochs"]),
+                                              final_arrays(reference, EXACT["epochs"]))):
         np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")

@@ -12,23 +12,26 @@ import sys
 import pytest
 
 from conftest import (REPO, assert_serves_the_digits, compose_cluster, local_cluster,
-                      newest_checkpoint, restart, set_epochs, tear_newest_checkpoint)
+                      kill_a_worker_rank_in_epoch_2, newest_checkpoint, restart, set_epochs,
+                      tear_newest_checkpoint)
 from test_tf_stack import (BUILTIN, cluster_spec, stop_the_leader_in_epoch_2,  # noqa: F401
                            tf_image)
 
 pytestmark = pytest.mark.container
 
 
-def test_the_builtin_trainer_trains_on_two_hosts_and_serve_answers_its_model(engine, tf_image,
-                                                                            data, tmp_path):
-    """With a fixed global batch that needs 2 accumulated micro-batches per device."""
+def test_the_builtin_trainer_trains_on_two_hosts_survives_a_killed_worker_and_serves(
+        engine, tf_image, data, tmp_path):
+    """With a fixed global batch that needs 2 accumulated micro-batches per device; the worker
+    on algo-2 SIGKILLed (the out-of-memory killer's signature) in epoch 2, with `max_restarts`
+    1: every worker runs again from the newest checkpoint and the job completes."""
     spec = cluster_spec(tmp_path, tf_image, data, base=BUILTIN, epochs=4,
-                        global_batch_size=64, max_device_batch_size=16)
-    with compose_cluster(engine, spec, "mwms-builtin") as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        codes = cluster.wait_all_exited(600)
-        leader = cluster.logs("algo-1")
+                        global_batch_size=64, max_device_batch_size=16, max_restarts=1,
+                        checkpoint_every_minutes=0.005)
+    codes, leader = kill_a_worker_rank_in_epoch_2(engine, spec, "mwms-builtin")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    assert "the job succeeded after 1 restart(s)" in leader, leader[-3000:]
+    assert "resumed from /opt/ml/checkpoints/" in leader
     assert ("2 rank(s): 0@algo-1, 1@algo-2; TensorFlow 2.21.0, MultiWorkerMirroredStrategy"
             in leader)  # and the trainer checked that both ended with the same weights
     assert "global batch 64 = 2 device(s) x 2 accumulated micro-batch(es) x 16" in leader

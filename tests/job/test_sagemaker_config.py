@@ -6,8 +6,9 @@ import pytest
 from job.errors import ConfigError
 from job.hyperparameters import decode, parse
 from job.paths import MlPaths
-from job.sagemaker_config import (Channel, JobConfig, ResourceConfig, read_job_config,
-                                        write_job_config)
+from job.sagemaker_config import (Channel, InstanceGroup, JobConfig, ResourceConfig,
+                                  read_job_config,
+                                  write_job_config)
 from tests.conftest import write_json
 from job.trainer_config import TrainerConfig
 
@@ -34,7 +35,9 @@ def test_reads_the_documented_example(tmp_path):
                    "S3DistributionType": "ShardedByS3Key", "RecordWrapperType": "None"}})
     job = read_job_config(paths)
     assert job.resources.hosts == ("algo-1", "algo-2")
-    assert job.resources.leader == "algo-1" and not job.resources.is_leader
+    assert job.resources.current_host == "algo-2"
+    assert job.resources.instance_groups == (  # one group: nothing the host list does not say
+        InstanceGroup("homogeneousCluster", "ml.p4d.24xlarge", ("algo-1", "algo-2")),)
     assert job.resources.network_interface_name == "eth1"
     assert job.resources.instance_type == "ml.p4d.24xlarge"
     assert job.channels["train"].sharded_by_host and job.channels["train"].input_mode == "FastFile"
@@ -44,8 +47,52 @@ def test_reads_the_documented_example(tmp_path):
 def test_missing_files_mean_a_single_local_host(tmp_path):
     (tmp_path / "input" / "data" / "train").mkdir(parents=True)
     job = read_job_config(MlPaths(tmp_path))
-    assert job.resources.hosts == ("algo-1",) and job.resources.is_leader
+    assert job.resources.hosts == ("algo-1",) and job.resources.current_host == "algo-1"
     assert list(job.channels) == ["train"] and job.hyperparameters == {}
+
+
+# A heterogeneous job's file, as SageMaker's documentation shows it (hosts in any order).
+HETERO = {"current_host": "algo-2", "current_instance_type": "ml.c5.18xlarge",
+          "current_group_name": "data", "hosts": ["algo-1", "algo-2", "algo-3"],
+          "instance_groups": [
+              {"instance_group_name": "train", "instance_type": "ml.p4d.24xlarge",
+               "hosts": ["algo-1"]},
+              {"instance_group_name": "data", "instance_type": "ml.c5.18xlarge",
+               "hosts": ["algo-3", "algo-2"]}],
+          "network_interface_name": "eth0"}
+
+
+def test_reads_a_heterogeneous_cluster_and_writes_it_back(tmp_path):
+    job = read_job_config(config(tmp_path / "read", HETERO))
+    resources = job.resources
+    assert resources.current_group == "data"
+    assert resources.instance_groups == (
+        InstanceGroup("train", "ml.p4d.24xlarge", ("algo-1",)),
+        InstanceGroup("data", "ml.c5.18xlarge", ("algo-2", "algo-3")))
+    assert resources.group("data").describe() == "data (2 x ml.c5.18xlarge)"
+    copy = MlPaths(tmp_path / "written")
+    write_job_config(JobConfig(copy, resources))
+    assert read_job_config(copy).resources == resources
+
+
+@pytest.mark.parametrize("resource, message", [
+    ({**HETERO, "current_group_name": "gpu"}, "no instance group 'gpu'"),
+    ({**HETERO, "current_group_name": "train"}, "current_host 'algo-2' is not in its group"),
+    ({**HETERO, "hosts": ["algo-1", "algo-2", "algo-3", "algo-4"]},
+     "the hosts of `instance_groups`"),
+    ({**HETERO, "instance_groups": [*HETERO["instance_groups"],
+                                    {"instance_group_name": "data", "hosts": ["algo-4"]}],
+      "hosts": ["algo-1", "algo-2", "algo-3", "algo-4"]}, "distinct names"),
+    ({**HETERO, "instance_groups": "train"}, "`instance_groups` must be a list"),
+    ({**HETERO, "instance_groups": [{"instance_group_name": "x" * 65, "hosts": ["algo-1"]},
+                                    HETERO["instance_groups"][1]]}, "1 to 64 characters"),
+    ({**HETERO, "instance_groups": [{"instance_group_name": "train", "hosts": []},
+                                    HETERO["instance_groups"][1]]}, "at least one host"),
+])
+def test_bad_instance_groups(tmp_path, resource, message):
+    with pytest.raises(ConfigError, match="resourceconfig.json") as error:
+        read_job_config(config(tmp_path, resource))
+    assert message in str(error.value)
 
 
 @pytest.mark.parametrize("resource, message", [

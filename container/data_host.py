@@ -1,0 +1,74 @@
+"""A data host: a host of a heterogeneous job's instance group that runs no rank.
+
+SageMaker jobs may mix instance groups (GPU hosts that train beside CPU hosts that read and
+decode the data). mpirun spans only the training groups' hosts (container.plan); every other
+host runs the user's script on its own, not under mpirun, as AWS's toolkit does, with the same
+SM_* environment (SM_CURRENT_INSTANCE_GROUP says which group it is in). Unlike the toolkit's,
+its life is the job's: it joins the leader's coordinator as a worker does (with no sshd), so
+
+- when the training ends, the leader's outcome stops the script (SIGTERM, SIGKILL 10 s later)
+  and the host exits with the job's exit code;
+- when the script fails, the leader hears it at once (ENDED), stops the ranks and the job fails
+  with the data host's reason; a script that completes waits for the training;
+- a data host that vanishes is named by the leader after `heartbeat_timeout`, and a leader that
+  vanishes by the data host, as for any worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable
+
+from container import network
+from container.coordination import ended_line, follow_leader
+from container.failure import Outcome, relayed
+from container.plan import LaunchPlan
+from container.supervisor import run_mpirun
+from job.errors import TrainError
+from job.protocol import FailureKind
+
+
+def run_data_host(plan: LaunchPlan) -> Outcome:
+    """Follow the leader (a thread) and run the script beside it (this thread: it takes the
+    stop signals) until the leader reports the job's outcome."""
+    cluster, launch = plan.cluster, plan.launch
+    ready, ended = threading.Event(), threading.Event()
+    link: dict = {}
+
+    def joined(send: Callable[[str], bool]) -> None:
+        link["send"] = send
+        ready.set()
+
+    def follow() -> None:
+        try:
+            link["outcome"] = follow_leader(
+                cluster.leader, launch.coordinator_port, cluster.current_host,
+                address=network.address_of(cluster.current_host),
+                leader_timeout=launch.leader_timeout,
+                heartbeat_timeout=launch.heartbeat_timeout, on_key=lambda _key: "-",
+                on_ready=joined)
+        except TrainError as error:
+            link["error"] = error
+        finally:
+            ended.set()
+            ready.set()
+
+    threading.Thread(target=follow, daemon=True, name="leader").start()
+    ready.wait()
+    if not ended.is_set():
+        print(f"launcher: data host {cluster.current_host} runs the script on its own",
+              flush=True)
+        outcome = run_mpirun(list(plan.data_command), grace=launch.stop_grace,
+                             host_of_rank=lambda _: cluster.current_host,
+                             env={**os.environ, **plan.data_env}, abort=ended)
+        # A stop reaches every host: the leader stops the ranks itself, with a checkpoint.
+        if outcome.exit_code and outcome.kind != FailureKind.STOPPED and not ended.is_set():
+            link["send"](ended_line(outcome))
+    ended.wait()
+    if "error" in link:
+        raise link["error"]
+    outcome = link["outcome"]
+    print(f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}",
+          flush=True)
+    return relayed(outcome, cluster.current_host, cluster.leader)

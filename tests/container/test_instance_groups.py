@@ -1,0 +1,155 @@
+"""Heterogeneous clusters (resourceconfig.json's instance groups) on real launchers over
+loopback: ranks only on the training group's hosts, the other group's host running the script
+on its own for as long as the training runs, and every way that ends (the training's end, the
+data host's script failing, the data host vanishing), plus the configurations refused before
+anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from container.network import free_port
+from job.paths import MlPaths
+from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig, write_job_config
+from tests.conftest import failure_of, run_train
+from tests.container.test_multi_host import start
+
+TRAIN_HOSTS, DATA_HOSTS = ("127.0.0.1", "127.0.0.2"), ("127.0.0.3",)
+GROUPS = (InstanceGroup("train", "ml.p4d.24xlarge", TRAIN_HOSTS),
+          InstanceGroup("data", "ml.c5.18xlarge", DATA_HOSTS))
+PROBE = '''
+import json, os, sys, time
+info = {name: os.environ.get(name) for name in (
+    "SM_CURRENT_HOST", "SM_CURRENT_INSTANCE_GROUP", "SM_CURRENT_INSTANCE_TYPE", "SM_IS_HETERO",
+    "SM_DISTRIBUTION_INSTANCE_GROUPS", "SM_HOSTS", "SM_CURRENT_INSTANCE_GROUP_HOSTS",
+    "SM_INSTANCE_GROUPS", "OMPI_COMM_WORLD_SIZE", "KERAS_DISTRIBUTION_NUM_PROCESSES")}
+name = f"{info['SM_CURRENT_HOST']}-{os.environ.get('OMPI_COMM_WORLD_RANK', 'alone')}.json"
+if info["SM_CURRENT_INSTANCE_GROUP"] == "train":
+    from mpi4py import MPI
+    info["sum"] = MPI.COMM_WORLD.allreduce(1)
+    time.sleep(float(sys.argv[sys.argv.index("--train-seconds") + 1]))
+with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], name), "w") as out:
+    json.dump(info, out)
+if info["SM_CURRENT_INSTANCE_GROUP"] == "data":
+    if "--data-fails" in sys.argv:
+        raise ValueError("the decoder crashed")
+    time.sleep(600)  # a data server: the end of the training stops it
+'''
+
+
+@pytest.fixture
+def hetero(tmp_path):
+    """hetero(hyperparameters, groups=GROUPS) -> {host: ml root}: a script-mode job of two
+    instance groups, as SageMaker lays it out on each host."""
+
+    def make(hyperparameters: dict, groups=GROUPS, program="probe.py") -> dict:
+        values = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
+                  "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
+                  **({"sagemaker_program": program} if program else {}), **hyperparameters}
+        hosts = tuple(host for group in groups for host in group.hosts)
+        roots = {}
+        for group in groups:
+            for host in group.hosts:
+                paths = MlPaths(tmp_path / host)
+                write_job_config(JobConfig(paths, ResourceConfig(
+                    host, hosts, "lo", group.instance_type, group.name, groups), values))
+                (paths.code_dir).mkdir(parents=True)
+                (paths.code_dir / "probe.py").write_text(PROBE)
+                roots[host] = paths.root
+        return roots
+
+    return make
+
+
+def run_all(roots: dict, timeout: float = 180) -> dict[str, tuple[int, str]]:
+    """Start every host's launcher (the data host first, the leader last); each one's exit
+    code and output."""
+    launchers = {host: start(root) for host, root in reversed(roots.items())}
+    return {host: (launcher.communicate(timeout=timeout)[0], launcher.returncode)[::-1]
+            for host, launcher in launchers.items()}
+
+
+TRAINING = {"sagemaker_distribution_instance_groups": '["train"]', "train-seconds": 2}
+
+
+def test_ranks_run_on_the_training_group_and_the_data_host_runs_until_the_training_ends(
+        hetero):
+    roots = hetero(TRAINING)
+    started = time.monotonic()
+    ended = run_all(roots)
+    assert {host: code for host, (code, _) in ended.items()} == \
+        dict.fromkeys(roots, 0), ended[DATA_HOSTS[0]][1][-3000:]
+    assert time.monotonic() - started < 90  # the data host's 600 s server was stopped
+    leader = ended[TRAIN_HOSTS[0]][1]
+    assert "data hosts (other instance groups, the script on its own): 127.0.0.3" in leader
+    assert "launcher: all 3 hosts ready" in leader
+    data_dir = roots[TRAIN_HOSTS[0]] / "output" / "data"  # where every rank writes
+    ranks = [json.loads((data_dir / f"{host}-{rank}.json").read_text())
+             for rank, host in enumerate(TRAIN_HOSTS)]
+    for rank in ranks:  # the world of the ranks is the training group's hosts alone
+        assert (rank["SM_CURRENT_INSTANCE_GROUP"], rank["OMPI_COMM_WORLD_SIZE"], rank["sum"],
+                rank["SM_CURRENT_INSTANCE_TYPE"]) == ("train", "2", 2, "ml.p4d.24xlarge")
+    data = json.loads((roots[DATA_HOSTS[0]] / "output" / "data" / "127.0.0.3-alone.json")
+                      .read_text())
+    assert data["SM_CURRENT_INSTANCE_GROUP"] == "data"
+    assert data["SM_CURRENT_INSTANCE_TYPE"] == "ml.c5.18xlarge"
+    assert data["OMPI_COMM_WORLD_SIZE"] is None  # not under mpirun
+    assert data["KERAS_DISTRIBUTION_NUM_PROCESSES"] is None  # no process of the ranks' job
+    assert data["SM_IS_HETERO"] == "true"
+    assert json.loads(data["SM_DISTRIBUTION_INSTANCE_GROUPS"]) == ["train"]
+    assert json.loads(data["SM_HOSTS"]) == [*TRAIN_HOSTS, *DATA_HOSTS]
+    assert json.loads(data["SM_CURRENT_INSTANCE_GROUP_HOSTS"]) == list(DATA_HOSTS)
+    assert "the leader 127.0.0.1 reports exit code 0" in ended[DATA_HOSTS[0]][1]
+
+
+def test_a_failing_data_host_script_ends_the_training_with_its_reason(hetero):
+    roots = hetero({**TRAINING, "train-seconds": 300, "data-fails": ""})
+    started = time.monotonic()
+    ended = run_all(roots)
+    assert time.monotonic() - started < 90, "the training was not stopped"
+    assert {code for code, _ in ended.values()} == {1}, ended[TRAIN_HOSTS[0]][1][-3000:]
+    for host in roots:
+        reason = failure_of(roots[host])
+        assert reason.startswith("data host 127.0.0.3: "), reason
+        assert "ValueError: the decoder crashed" in reason, reason
+
+
+def test_a_data_host_that_vanishes_is_named_and_the_job_ends(hetero):
+    roots = hetero({**TRAINING, "train-seconds": 300})
+    data = start(roots[DATA_HOSTS[0]])
+    workers = {host: start(roots[host]) for host in reversed(TRAIN_HOSTS)}
+    while not (roots[DATA_HOSTS[0]] / "output" / "data" / "127.0.0.3-alone.json").exists():
+        assert data.poll() is None, data.communicate()[0][-3000:]
+        time.sleep(0.2)
+    os.killpg(data.pid, signal.SIGKILL)  # the host is gone, script and all
+    data.wait()
+    codes = {host: launcher.wait(timeout=90) for host, launcher in workers.items()}
+    assert codes == dict.fromkeys(TRAIN_HOSTS, 3)
+    reason = failure_of(roots[TRAIN_HOSTS[0]])
+    assert reason.startswith("lost contact with host 127.0.0.3: "), reason
+
+
+@pytest.mark.parametrize("hyperparameters, program, message", [
+    ({}, "probe.py", "this job has 2 instance groups, train (2 x ml.p4d.24xlarge), data (1 x "
+     "ml.c5.18xlarge), and names none to train: set the hyperparameter "
+     "sagemaker_distribution_instance_groups"),
+    ({"sagemaker_distribution_instance_groups": "gpu"}, "probe.py",
+     "names ['gpu'], which this job does not have"),
+    ({"sagemaker_distribution_instance_groups": "train"}, None,
+     "the built-in trainer runs on the training groups' hosts only"),
+    ({"sagemaker_distribution_instance_groups": "train,data"}, "probe.py",
+     "different instance types (ml.c5.18xlarge, ml.p4d.24xlarge): set processes_per_host"),
+])
+def test_what_cannot_run_is_refused_on_every_host_before_anything_starts(
+        hetero, hyperparameters, program, message):
+    roots = hetero({**hyperparameters, "processes_per_host": 0}, program=program)
+    for host, root in roots.items():
+        result = run_train(root, timeout=60)
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+        assert message in failure_of(root), failure_of(root)
