@@ -23,7 +23,7 @@ from job.errors import ConfigError
 from job.hyperparameters import decode
 from job.validated import JobHyperparameters, submit_directory
 from job.launch_config import LaunchConfig
-from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig
+from job.sagemaker_config import InstanceGroup, JobConfig, training_groups
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
 from job.rank_job import DATA_HOST_ENV, Processes, RankJob
@@ -151,32 +151,6 @@ class LaunchPlan:
                         learning_rate=self.batches.learning_rate,
                         batch_derivation=self.batches.derivation())
         return plan
-
-
-def training_groups(resources: ResourceConfig, setting: str) -> tuple[InstanceGroup, ...]:
-    """The instance groups whose hosts run the ranks: those `setting` names (the
-    distribution_instance_groups hyperparameter: a JSON list or comma-separated names), else
-    the job's only group. ConfigError when a job of several groups names none, or one it lacks."""
-    groups = resources.instance_groups
-    value = decode(setting)
-    names = value if isinstance(value, list) else \
-        [name.strip() for name in str(value).split(",") if name.strip()] if value else []
-    listing = ", ".join(group.describe() for group in groups)
-    if not names:
-        if len(groups) == 1:
-            return groups
-        raise ConfigError(
-            f"this job has {len(groups)} instance groups, {listing}, and names none to train: "
-            "set the hyperparameter sagemaker_distribution_instance_groups to the groups whose "
-            "hosts run the ranks, as a JSON list such as '[\"" + groups[0].name + "\"]' (SDK "
-            "2: Estimator(..., distribution={\"mpi\": {\"enabled\": True}, "
-            "\"instance_groups\": [InstanceGroup(...)]}))")
-    known = {group.name: group for group in groups}
-    unknown = [name for name in names if name not in known]
-    if unknown or not all(isinstance(name, str) for name in names):
-        raise ConfigError(f"sagemaker_distribution_instance_groups names {unknown or names}, "
-                          f"which this job does not have; its instance groups are {listing}")
-    return tuple(known[name] for name in dict.fromkeys(names))
 
 
 def rank_command(python: str, module: str, *args: str) -> list[str]:
@@ -348,7 +322,7 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     if keras_on_jax and stack != TENSORFLOW:
         raise ConfigError(f"backend=jax trains the built-in model with Keras 3 on JAX, which "
                           f"{IMAGES[stack]} does not have; run it on {IMAGES[TENSORFLOW]}")
-    training = training_groups(resources, launch.distribution_instance_groups)
+    training = training_groups(resources.instance_groups, launch.distribution_instance_groups)
     hosts = tuple(sorted(host for group in training for host in group.hosts))
     data_hosts = tuple(sorted(set(resources.hosts) - set(hosts)))
     _check_groups(training, data_hosts, launch, settings.program)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from job.errors import ConfigError
-from job.hyperparameters import encode
+from job.hyperparameters import decode, encode
 from job.paths import MlPaths
 from job.source_code import SourceCode, read_source_code
 
@@ -127,6 +127,31 @@ class JobConfig:
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     channels: dict[str, Channel] = field(default_factory=dict)
     source_code: SourceCode | None = None  # SDK 3's SourceCode, when the job came from it
+
+
+def training_groups(groups: tuple[InstanceGroup, ...], setting: str) -> tuple[InstanceGroup, ...]:
+    """The instance groups whose hosts run the ranks: those `setting` names (the
+    distribution_instance_groups hyperparameter: a JSON list or comma-separated names), else
+    the job's only group. ConfigError when a job of several groups names none, or one it lacks."""
+    value = decode(setting)
+    names = value if isinstance(value, list) else \
+        [name.strip() for name in str(value).split(",") if name.strip()] if value else []
+    listing = ", ".join(group.describe() for group in groups)
+    if not names:
+        if len(groups) == 1:
+            return groups
+        raise ConfigError(
+            f"this job has {len(groups)} instance groups, {listing}, and names none to train: "
+            "set the hyperparameter sagemaker_distribution_instance_groups to the groups whose "
+            f"hosts run the ranks, such as '{groups[0].name}' or '[\"{groups[0].name}\"]' "
+            "(SDK 2's framework estimators: distribution={..., \"instance_groups\": [...]}; "
+            "sagemaker-ops train: --train-groups)")
+    known = {group.name: group for group in groups}
+    unknown = [name for name in names if not isinstance(name, str) or name not in known]
+    if unknown:
+        raise ConfigError(f"sagemaker_distribution_instance_groups names {unknown}, "
+                          f"which this job does not have; its instance groups are {listing}")
+    return tuple(known[name] for name in dict.fromkeys(names))
 
 
 def _read_json(path: Path, expected: type) -> Any:

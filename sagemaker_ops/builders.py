@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from job.errors import ConfigError
+from job.sagemaker_config import MAX_GROUPS, InstanceGroup, training_groups
 
 from . import capabilities as cap
 from . import metrics, schema
@@ -144,6 +145,9 @@ class TrainingJob:
     keep_alive_seconds: int = 0
     # TensorBoard event files (the trainer's /opt/ml/output/tensorboard) uploaded while it runs
     tensorboard_s3_uri: str = ""
+    # A heterogeneous cluster: (name, instance type, count) per group, replacing instance_type
+    # and instance_count; the groups that train go in sagemaker_distribution_instance_groups.
+    instance_groups: tuple[tuple[str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         _at_least_one(self.instance_count, "instance count")
@@ -164,9 +168,34 @@ class TrainingJob:
                  "a warm pool (keep-alive) cannot be used with managed spot training")
         self._check_spot()
         values, program = check_job_hyperparameters(self.hyperparameters, self.environment)
+        self._check_groups(values, program)
         object.__setattr__(self, "hyperparameters", values)
         object.__setattr__(self, "channels", tuple(self.channels))
         self._check_channels(builtin_trainer=not program)
+
+    def _check_groups(self, hyperparameters: Mapping[str, Any], program: str) -> None:
+        """The groups as the API takes them, and as the launcher will read them: the ones that
+        train named when there are several (the job would fail with exit code 2 otherwise)."""
+        if not self.instance_groups:
+            return
+        names = [name for name, _, _ in self.instance_groups]
+        _require(len(names) <= MAX_GROUPS and len(set(names)) == len(names),
+                 f"instance groups: at most {MAX_GROUPS}, each named once; got "
+                 f"{', '.join(names)}")
+        for name, _, count in self.instance_groups:
+            _require(1 <= len(name) <= 64, f"instance group name {name!r}: 1 to 64 characters")
+            _at_least_one(count, f"instance group {name}'s count")
+        groups = tuple(InstanceGroup(name, instance_type, tuple(f"{name}-{index}" for index in
+                                                                range(count)))
+                       for name, instance_type, count in self.instance_groups)
+        setting = next((str(hyperparameters[key]) for key in (
+            "sagemaker_distribution_instance_groups", "distribution_instance_groups")
+            if key in hyperparameters), "")
+        training = training_groups(groups, setting)
+        _require(program or len(training) == len(groups),
+                 "the built-in trainer runs on the training groups only; the other groups' "
+                 "instances would sit idle: give every group to --train-groups, or run a "
+                 "script (program=...) that uses them")
 
     def _check_spot(self) -> None:
         if not self.spot:
@@ -216,8 +245,13 @@ def training_job_request(job: TrainingJob) -> dict[str, Any]:
         "HyperParameters": dict(job.hyperparameters),
         "InputDataConfig": [c.request() for c in job.channels],
         "OutputDataConfig": {"S3OutputPath": job.output_path},
-        "ResourceConfig": {"InstanceType": job.instance_type,
-                           "InstanceCount": job.instance_count,
+        "ResourceConfig": {**({"InstanceGroups": [
+                               {"InstanceGroupName": name, "InstanceType": instance_type,
+                                "InstanceCount": count}
+                               for name, instance_type, count in job.instance_groups]}
+                              if job.instance_groups else
+                              {"InstanceType": job.instance_type,
+                               "InstanceCount": job.instance_count}),
                            "VolumeSizeInGB": job.volume_size_gb,
                            **({"KeepAlivePeriodInSeconds": job.keep_alive_seconds}
                               if job.keep_alive_seconds else {})},

@@ -107,20 +107,33 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
     distribution = _per_channel(args.distribution, names, "FullyReplicated", "--distribution")
     input_mode = _per_channel(args.input_mode, names, "File", "--input-mode")
     content_type = _per_channel(args.content_type, names, "", "--content-type")
+    hyperparameters = _hyperparameters(args.hp, args.hyperparameters)
+    if args.train_groups:
+        hyperparameters["sagemaker_distribution_instance_groups"] = json.dumps(
+            [name.strip() for name in args.train_groups.split(",") if name.strip()])
     return b.TrainingJob(
         name=_name(args.job_name, args.base_job_name), image=args.image, role_arn=args.role,
         output_path=args.output_path,
         channels=tuple(b.TrainingChannel(n, uri, distribution[n], input_mode[n],
                                          content_type[n]) for n, uri in channels.items()),
         instance_type=args.instance_type, instance_count=args.instance_count,
-        volume_size_gb=args.volume_size,
-        hyperparameters=_hyperparameters(args.hp, args.hyperparameters),
+        volume_size_gb=args.volume_size, hyperparameters=hyperparameters,
+        instance_groups=tuple(_instance_group(text) for text in args.instance_group or ()),
         environment=_pairs(args.env, "--env"), max_runtime_seconds=args.max_runtime,
         spot=args.spot, max_wait_seconds=args.max_wait,
         checkpoint_s3_uri=args.checkpoint_s3 or "", vpc=_vpc(args),
         tags=_pairs(args.tag, "--tag"),
         encrypt_inter_container_traffic=args.encrypt_inter_container_traffic,
         keep_alive_seconds=args.keep_alive, tensorboard_s3_uri=args.tensorboard_s3 or "")
+
+
+def _instance_group(text: str) -> tuple[str, str, int]:
+    """NAME:TYPE:COUNT -> (name, instance type, count)."""
+    name, instance_type, count = (text.split(":") + ["", ""])[:3]
+    if not name or not instance_type or not count.isdigit():
+        raise ConfigError(f"--instance-group {text!r}: give NAME:TYPE:COUNT, such as "
+                          "train:ml.p4d.24xlarge:2")
+    return name, instance_type, int(count)
 
 
 def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
@@ -238,6 +251,12 @@ def parser() -> argparse.ArgumentParser:
                        help=f"{' or '.join(cap.TRAINING_CONTENT_TYPES)}")
     train.add_argument("--instance-type", default="ml.m5.xlarge")
     train.add_argument("--instance-count", type=int, default=1)
+    train.add_argument("--instance-group", action="append", metavar="NAME:TYPE:COUNT",
+                       help="a heterogeneous cluster: one per instance group (at most 5), "
+                       "instead of --instance-type and --instance-count")
+    train.add_argument("--train-groups", metavar="NAME[,NAME]",
+                       help="the instance groups whose hosts run the ranks (the others run "
+                       "the script on their own); sets sagemaker_distribution_instance_groups")
     train.add_argument("--volume-size", type=int, default=30, metavar="GB")
     train.add_argument("--hp", action="append", metavar="NAME=VALUE",
                        help="a hyperparameter (repeatable); checked by the trainer's parser")

@@ -18,6 +18,10 @@
   (an imitation of ShardedByS3Key: with more hosts than files some hosts get nothing).
 - hyperparameters: a JSON file (--hyperparameters) and/or --hp key=value (kept as the raw
   string); values are written as job.hyperparameters.encode writes them.
+- instance groups (a heterogeneous cluster): --instance-group NAME:COUNT[:TYPE], once per
+  group, instead of --hosts; hosts algo-1.. are dealt to the groups in the order given, and
+  each host's resourceconfig.json names its group and lists them all, as SageMaker's does.
+  Which groups train is the job's hyperparameter sagemaker_distribution_instance_groups.
 
 `train` then runs `<compose> up --abort-on-container-exit` (docker compose with a Docker
 daemon, else podman-compose; see scripts/engine.sh), waits for every container to exit,
@@ -44,7 +48,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from job.paths import MlPaths
-from job.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
+from job.sagemaker_config import (Channel, InstanceGroup, JobConfig, ResourceConfig,
+                                  write_job_config)
 
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = "sagemaker-local"
@@ -72,10 +77,15 @@ class ClusterSpec:
     instance_type: str = "local"
     interface: str = "eth0"
     environment: Mapping[str, str] = field(default_factory=dict)
+    # (name, host count, instance type) per instance group; () for one plain group
+    groups: tuple[tuple[str, int, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {self.hosts}")
+        if self.groups and sum(count for _, count, _ in self.groups) != self.hosts:
+            raise ValueError(f"the instance groups hold {sum(c for _, c, _ in self.groups)} "
+                             f"hosts, not {self.hosts}")
         if self.sharded and self.data is None:
             raise ValueError("--sharded needs --data with the channels to split")
 
@@ -99,6 +109,25 @@ def host_names(count: int) -> list[str]:
     return [f"algo-{index}" for index in range(1, count + 1)]
 
 
+def instance_groups(spec: ClusterSpec) -> tuple[InstanceGroup, ...]:
+    """The spec's groups with their hosts, dealt in the order the groups were given."""
+    names, first, groups = spec.host_names, 0, []
+    for name, count, instance_type in spec.groups:
+        groups.append(InstanceGroup(name, instance_type, tuple(names[first:first + count])))
+        first += count
+    return tuple(groups)
+
+
+def parse_group(text: str) -> tuple[str, int, str]:
+    """NAME:COUNT[:TYPE] -> (name, count, instance type; `local` when not given)."""
+    name, _, rest = text.partition(":")
+    count, _, instance_type = rest.partition(":")
+    if not name or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME:COUNT[:TYPE], such as "
+                                         "train:2:ml.p4d.24xlarge")
+    return name, int(count), instance_type or "local"
+
+
 def content_type(folder: Path) -> str:
     """The channel's ContentType, from its files' extension (empty when unknown or mixed)."""
     kinds = {CONTENT_TYPES.get(p.suffix.lower(), "") for p in folder.rglob("*") if p.is_file()}
@@ -110,10 +139,13 @@ def job_config(spec: ClusterSpec, host: str) -> JobConfig:
     channels = {name: Channel(name, content_type(folder), "File",
                               "ShardedByS3Key" if name in spec.sharded else "FullyReplicated")
                 for name, folder in spec.channels().items()}
-    return JobConfig(host_paths(spec, host),
-                     ResourceConfig(host, tuple(spec.host_names), spec.interface,
-                                    spec.instance_type),
-                     dict(spec.hyperparameters), channels)
+    groups = instance_groups(spec)
+    group = next((g for g in groups if host in g.hosts), None)
+    resources = ResourceConfig(host, tuple(spec.host_names), spec.interface,
+                               spec.instance_type) if group is None else \
+        ResourceConfig(host, tuple(spec.host_names), spec.interface, group.instance_type,
+                       group.name, groups)
+    return JobConfig(host_paths(spec, host), resources, dict(spec.hyperparameters), channels)
 
 
 def shard(files: Sequence[str], hosts: Sequence[str]) -> dict[str, list[str]]:
@@ -307,8 +339,10 @@ class ComposeCluster:
 
 # ---------------------------------------------------------------------------- commands ----
 def spec_from_arguments(args: argparse.Namespace) -> ClusterSpec:
+    groups = tuple(args.instance_group)
     return ClusterSpec(
-        hosts=args.hosts, workdir=args.workdir, data=args.data, image=args.image,
+        hosts=sum(count for _, count, _ in groups) if groups else args.hosts,
+        groups=groups, workdir=args.workdir, data=args.data, image=args.image,
         sharded=frozenset(args.sharded),
         hyperparameters=read_hyperparameters(args.hyperparameters, args.hp),
         job_name=args.job_name, instance_type=args.instance_type,
@@ -365,6 +399,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("write", "train"):
         sub = commands.add_parser(name)
         sub.add_argument("--hosts", type=int, default=2)
+        sub.add_argument("--instance-group", action="append", default=[], type=parse_group,
+                         metavar="NAME:COUNT[:TYPE]",
+                         help="a heterogeneous cluster: one per group, instead of --hosts")
         sub.add_argument("--image", default=DEFAULT_IMAGE)
         sub.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
         sub.add_argument("--data", type=Path, help="folder whose sub-folders are the channels")

@@ -269,3 +269,44 @@ def test_default_job_name_fits_sagemaker():
     assert schema.problems("CreateTrainingJob", {
         "TrainingJobName": name, "RoleArn": ROLE,
         "OutputDataConfig": {"S3OutputPath": "s3://my-bucket/o"}}) == []
+
+
+def test_cli_asks_for_a_heterogeneous_cluster_and_names_the_groups_that_train(capsys,
+                                                                                no_clients):
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--hp", "program=train.py",
+                            "--instance-group", "train:ml.p4d.24xlarge:2",
+                            "--instance-group", "data:ml.c5.18xlarge:4",
+                            "--train-groups", "train", "--dry-run"],
+                    make_clients=no_clients) == 0
+    [step] = json.loads(capsys.readouterr().out)
+    request = step["request"]
+    botocore_accepts("CreateTrainingJob", request)
+    assert request["ResourceConfig"] == {"InstanceGroups": [
+        {"InstanceGroupName": "train", "InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2},
+        {"InstanceGroupName": "data", "InstanceType": "ml.c5.18xlarge", "InstanceCount": 4}],
+        "VolumeSizeInGB": 30}
+    assert request["HyperParameters"]["sagemaker_distribution_instance_groups"] == '["train"]'
+
+
+GROUPS = (("train", "ml.p4d.24xlarge", 2), ("data", "ml.c5.18xlarge", 4))
+SCRIPT = {"sagemaker_program": "train.py"}
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(instance_groups=GROUPS, hyperparameters=SCRIPT),
+     "this job has 2 instance groups, train (2 x ml.p4d.24xlarge), data (4 x ml.c5.18xlarge), "
+     "and names none to train"),
+    (dict(instance_groups=GROUPS, hyperparameters={
+        **SCRIPT, "sagemaker_distribution_instance_groups": '["gpu"]'}),
+     "names ['gpu'], which this job does not have"),
+    (dict(instance_groups=GROUPS, hyperparameters={
+        "sagemaker_distribution_instance_groups": '["train"]'}),
+     "the built-in trainer runs on the training groups only"),
+    (dict(instance_groups=GROUPS * 3), "at most 5, each named once"),
+    (dict(instance_groups=(("x" * 65, "ml.c5.xlarge", 1),)), "1 to 64 characters"),
+    (dict(instance_groups=(("train", "ml.c5.xlarge", 0),)), "instance group train's count"),
+])
+def test_instance_groups_that_would_fail_the_job_are_refused_unsent(changes, message):
+    with pytest.raises(ConfigError) as refused:
+        b.training_job_request(job(**changes))
+    assert message in str(refused.value)
