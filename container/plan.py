@@ -26,7 +26,7 @@ from job.launch_config import LaunchConfig
 from job.sagemaker_config import InstanceGroup, JobConfig, training_groups
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
-from job.rank_job import DATA_HOST_ENV, Processes, RankJob
+from job.rank_job import DATA_HOST_ENV, DATA_SERVICE_ENV, Processes, RankJob
 from job.trainer_config import JAX
 from job.source_code import SDK_CHANNELS
 
@@ -253,8 +253,9 @@ def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,
-                     environ: Mapping[str, str]) -> dict[str, str]:
+                     environ: Mapping[str, str], data_service: str = "") -> dict[str, str]:
     env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
+           **({DATA_SERVICE_ENV: data_service} if data_service else {}),
            "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
            **rank_job.environment(),
            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
@@ -295,20 +296,20 @@ def _check_builtin_channels(job: JobConfig) -> None:
 
 
 def _check_groups(training: tuple[InstanceGroup, ...], data_hosts: tuple[str, ...],
-                  launch: LaunchConfig, program: str) -> None:
-    """What a heterogeneous job can run here: ranks per host the same on every training host,
-    and other groups' hosts only for a script (the built-in trainer has no use for them)."""
+                  launch: LaunchConfig, job: JobConfig, program: str) -> None:
+    """What a heterogeneous job can run here: ranks per host the same on every training host;
+    for the built-in trainer, whose data hosts serve its input, a training channel that
+    reaches them whole."""
     types = sorted({group.instance_type for group in training})
     if len(types) > 1 and not launch.processes_per_host:
         raise ConfigError(f"the training instance groups have different instance types "
                           f"({', '.join(types)}): set processes_per_host, the ranks every one "
                           "of their hosts runs")
-    if data_hosts and not program:
+    train = job.channels.get("train")
+    if data_hosts and not program and train is not None and train.sharded_by_host:
         raise ConfigError(
-            f"the built-in trainer runs on the training groups' hosts only, and hosts "
-            f"{', '.join(data_hosts)} of this job's other instance groups would sit idle: "
-            "train with the training group alone, or run your own script (program=...), "
-            "which those hosts run on their own (SM_CURRENT_INSTANCE_GROUP says where)")
+            "the train channel is ShardedByS3Key, but the data hosts serve the ranks' input "
+            "(tf.data service) and read the files the ranks name: make it FullyReplicated")
 
 
 def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,
@@ -325,7 +326,7 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     training = training_groups(resources.instance_groups, launch.distribution_instance_groups)
     hosts = tuple(sorted(host for group in training for host in group.hosts))
     data_hosts = tuple(sorted(set(resources.hosts) - set(hosts)))
-    _check_groups(training, data_hosts, launch, settings.program)
+    _check_groups(training, data_hosts, launch, job, settings.program)
     cluster = ClusterPlan(hosts=hosts, current_host=resources.current_host,
                           processes_per_host=processes_per_host(
                               launch, gpu_count, HOROVOD if keras_on_jax else backend),
@@ -366,17 +367,20 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
         command = rank_command(python, "train.rank_main")
     ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
         else None
+    data_service = f"grpc://{data_hosts[0]}:{launch.data_service_port}" \
+        if data_hosts and not settings.program else ""
     defaults = mpirun.default_options(
         hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
         interface=cluster.interface, instance_type=cluster.instance_type,
-        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ),
+        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ, data_service),
         forwarded=forwarded_environment(environ),
         ssh_args=ssh_args)
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
     data_command, data_env = (), {}
     if cluster.is_data_host:
-        data_command = (python, "-P", "-m", "train.script_runner", str(script), *args)
-        data_env = {**rank_environment(job, cluster, rank_job, 0, environ),
+        data_command = (python, "-P", "-m", "train.script_runner", str(script), *args) \
+            if settings.program else (python, "-P", "-m", "train.data_service")
+        data_env = {**rank_environment(job, cluster, rank_job, 0, environ, data_service),
                     DATA_HOST_ENV: cluster.current_host}
     return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,
                       ignored_hyperparameters=settings.ignored,

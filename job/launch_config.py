@@ -91,6 +91,10 @@ class LaunchConfig:
         "[...]}); the other groups' hosts run the script on their own. Empty: the job's one "
         "group (a job of several groups must name them).",
         aliases=("sagemaker_distribution_instance_groups",))
+    data_service_port: int = hp(
+        6000, "Heterogeneous clusters, built-in trainer: the port of the tf.data service "
+        "dispatcher on the first data host; every data host's worker takes the next port.",
+        minimum=1, maximum=65534)
     sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
                         maximum=65535)
     coordinator_port: int = hp(

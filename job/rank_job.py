@@ -23,6 +23,9 @@ JOB_ENV = "TRAIN_JOB"
 # Set by the launcher of a heterogeneous job's data host (container.data_host) to that host's
 # name: its script runs alone, outside the ranks' world (TRAIN_HOSTS are the training hosts).
 DATA_HOST_ENV = "TRAIN_DATA_HOST"
+# grpc://<host>:<port> of the tf.data service dispatcher that a heterogeneous job's data hosts
+# run for the built-in trainer (train.data_service); every rank reads its input from it.
+DATA_SERVICE_ENV = "TRAIN_DATA_SERVICE"
 # Linux holds at most 128 KiB in one environment string (MAX_ARG_STRLEN), its name included.
 ENV_LIMIT = 128 * 1024
 

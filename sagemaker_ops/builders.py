@@ -192,10 +192,11 @@ class TrainingJob:
             "sagemaker_distribution_instance_groups", "distribution_instance_groups")
             if key in hyperparameters), "")
         training = training_groups(groups, setting)
-        _require(program or len(training) == len(groups),
-                 "the built-in trainer runs on the training groups only; the other groups' "
-                 "instances would sit idle: give every group to --train-groups, or run a "
-                 "script (program=...) that uses them")
+        sharded = [c.name for c in self.channels
+                   if c.name == "train" and c.distribution == "ShardedByS3Key"]
+        _require(program or len(training) == len(groups) or not sharded,
+                 "the data groups serve the built-in trainer's input (tf.data service) and "
+                 "read the files the ranks name: the train channel must be FullyReplicated")
 
     def _check_spot(self) -> None:
         if not self.spot:

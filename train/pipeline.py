@@ -172,6 +172,15 @@ def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int
             .prefetch(tf.data.AUTOTUNE))
 
 
+def served(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset:
+    """`dataset`, produced by the tf.data service at `service` (a heterogeneous job's data
+    hosts: train.data_service) and read from it: its passes dealt to the service's workers as
+    they ask (dynamic sharding), so each pass is produced once, whatever the workers' count."""
+    distribute = tf.data.experimental.service.distribute
+    return dataset.apply(distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=service))
+
+
 def evaluation_input(source: Source, lookup: tf.lookup.StaticHashTable,
                      batch: int) -> tf.data.Dataset:
     return (source.samples(None).batch(batch)

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
-from job.errors import PlatformError
+from job.errors import ConfigError, PlatformError
 from job.sagemaker_config import Channel, read_channels
 from job.protocol import Mark, mark_line, stopped_line
 from train.accumulation import AccumulatingModel
@@ -31,12 +31,13 @@ from train.checkpoints import CheckpointStore, loaded_values, variables_checkpoi
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
+from job.rank_job import DATA_SERVICE_ENV
 from job.trainer_config import TrainerConfig
 from job.tracking import RunLogger
 from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
-from train.pipeline import (Source, evaluation_input, label_lookup, moments,
-                            naming_bad_records, open_source, training_input)
+from train.pipeline import (Source, Table, evaluation_input, label_lookup, moments,
+                            naming_bad_records, open_source, served, training_input)
 from train.position import JobPosition, stream_start
 from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
@@ -282,15 +283,25 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         callbacks.append(keras.callbacks.TensorBoard(
             str(paths.tensorboard_dir), profile_batch=config.profiled_steps, write_graph=False))
 
+    service = os.environ.get(DATA_SERVICE_ENV, "")
+    if service:  # distributed: a heterogeneous job's data hosts produce the training input
+        if isinstance(train_source, Table):
+            raise ConfigError(
+                "the data hosts serve the input of TFRecord or image channels; this train "
+                "channel is CSV or NPZ, which the ranks hold in memory: convert it to "
+                "TFRecord, or train without a data group")
+        say(f"training input served by the data hosts' tf.data service at {service}")
+
     def fit(epochs: int, steps_each: int) -> None:
         """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps
         per epoch."""
         now = position()
         say(f"training from {now.describe()} to the end of epoch {epochs}")
-        stepper.fit(sync.distribute(training_input(
-                        train_source, lookup, plan.per_device_batch // batches_per_step, config,
-                        config.seed + context.rank, augment=config.augment and len(shape) == 3,
-                        start=stream_start(now.samples_done, plan.world_size, share))),
+        stream = training_input(
+            train_source, lookup, plan.per_device_batch // batches_per_step, config,
+            config.seed + context.rank, augment=config.augment and len(shape) == 3,
+            start=stream_start(now.samples_done, plan.world_size, share))
+        stepper.fit(sync.distribute(served(stream, service) if service else stream),
                     steps_per_epoch=steps_each * batches_per_step, epochs=epochs,
                     initial_epoch=now.epochs_done,
                     validation_data=validation, validation_steps=validation_steps,

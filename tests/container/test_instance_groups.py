@@ -17,6 +17,8 @@ import pytest
 from container.network import free_port
 from job.paths import MlPaths
 from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig, write_job_config
+from scripts.default_job import digits_channels
+from scripts.digits_files import write_digits
 from tests.conftest import failure_of, run_train
 from tests.container.test_multi_host import start
 
@@ -48,9 +50,10 @@ def hetero(tmp_path):
     """hetero(hyperparameters, groups=GROUPS) -> {host: ml root}: a script-mode job of two
     instance groups, as SageMaker lays it out on each host."""
 
-    def make(hyperparameters: dict, groups=GROUPS, program="probe.py") -> dict:
+    def make(hyperparameters: dict, groups=GROUPS, program="probe.py", data=None) -> dict:
         values = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
                   "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
+                  "data_service_port": free_port(),
                   **({"sagemaker_program": program} if program else {}), **hyperparameters}
         hosts = tuple(host for group in groups for host in group.hosts)
         roots = {}
@@ -58,7 +61,10 @@ def hetero(tmp_path):
             for host in group.hosts:
                 paths = MlPaths(tmp_path / host)
                 write_job_config(JobConfig(paths, ResourceConfig(
-                    host, hosts, "lo", group.instance_type, group.name, groups), values))
+                    host, hosts, "lo", group.instance_type, group.name, groups), values,
+                    digits_channels(data) if data else {}))
+                if data:
+                    write_digits(paths.data_dir, data)
                 (paths.code_dir).mkdir(parents=True)
                 (paths.code_dir / "probe.py").write_text(PROBE)
                 roots[host] = paths.root
@@ -135,14 +141,34 @@ def test_a_data_host_that_vanishes_is_named_and_the_job_ends(hetero):
     assert reason.startswith("lost contact with host 127.0.0.3: "), reason
 
 
+def test_the_built_in_trainer_reads_its_input_from_the_data_hosts_service(hetero):
+    """Images decoded and augmented by the data host's tf.data service: the job trains to a
+    accuracy far above chance, and the data host's servers stop when it ends. (That the ranks read
+    nothing but the service: tests/image/test_hetero_cluster.py, where each host has files
+    of its own.)"""
+    roots = hetero({"sagemaker_distribution_instance_groups": "train", "model": "cnn",
+                    "epochs": 6, "augment": "true", "image_size": 16}, program=None,
+                   data="images")
+    ended = run_all(roots, timeout=300)
+    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), \
+        ended[TRAIN_HOSTS[0]][1][-3000:]
+    leader, data = ended[TRAIN_HOSTS[0]][1], ended[DATA_HOSTS[0]][1]
+    port = json.loads((roots[DATA_HOSTS[0]] / "input" / "config" / "hyperparameters.json")
+                      .read_text())["data_service_port"]
+    assert f"training input served by the data hosts' tf.data service at " \
+           f"grpc://127.0.0.3:{port}" in leader
+    assert f"data service: dispatcher and worker on 127.0.0.3, dispatcher 127.0.0.3:{port}" \
+        in data
+    metadata = json.loads((roots[TRAIN_HOSTS[0]] / "model" / "metadata.json").read_text())
+    assert metadata["final_metrics"]["val_accuracy"] > 0.4, metadata["final_metrics"]  # of 0.1
+
+
 @pytest.mark.parametrize("hyperparameters, program, message", [
     ({}, "probe.py", "this job has 2 instance groups, train (2 x ml.p4d.24xlarge), data (1 x "
      "ml.c5.18xlarge), and names none to train: set the hyperparameter "
      "sagemaker_distribution_instance_groups"),
     ({"sagemaker_distribution_instance_groups": "gpu"}, "probe.py",
      "names ['gpu'], which this job does not have"),
-    ({"sagemaker_distribution_instance_groups": "train"}, None,
-     "the built-in trainer runs on the training groups' hosts only"),
     ({"sagemaker_distribution_instance_groups": "train,data"}, "probe.py",
      "different instance types (ml.c5.18xlarge, ml.p4d.24xlarge): set processes_per_host"),
 ])

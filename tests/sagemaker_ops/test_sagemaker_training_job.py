@@ -300,8 +300,9 @@ SCRIPT = {"sagemaker_program": "train.py"}
         **SCRIPT, "sagemaker_distribution_instance_groups": '["gpu"]'}),
      "names ['gpu'], which this job does not have"),
     (dict(instance_groups=GROUPS, hyperparameters={
-        "sagemaker_distribution_instance_groups": '["train"]'}),
-     "the built-in trainer runs on the training groups only"),
+        "sagemaker_distribution_instance_groups": '["train"]'},
+        channels=(b.TrainingChannel("train", "s3://my-bucket/t/", "ShardedByS3Key"),)),
+     "the train channel must be FullyReplicated"),
     (dict(instance_groups=GROUPS * 3), "at most 5, each named once"),
     (dict(instance_groups=(("x" * 65, "ml.c5.xlarge", 1),)), "1 to 64 characters"),
     (dict(instance_groups=(("train", "ml.c5.xlarge", 0),)), "instance group train's count"),
