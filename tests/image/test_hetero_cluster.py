@@ -1,15 +1,19 @@
 """A heterogeneous cluster of real containers (scripts/local_cluster.py --instance-group): two
 training hosts and a data host, as SageMaker describes them to each container; the script
 that checks its group on every host (tests/container/test_instance_groups.py runs the same
-on loopback launchers), and a data host that dies."""
+on loopback launchers), a data host that dies, and the built-in trainer reading nothing but
+the data host's tf.data service."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from conftest import add_code, compose_cluster, local_cluster, wait_for_log
+from scripts.digits_files import write_digits
 from tests.container.test_instance_groups import PROBE
 
 pytestmark = pytest.mark.container
@@ -78,3 +82,48 @@ def test_a_data_container_that_dies_is_named_and_ends_the_job(engine, image, tmp
     assert (codes["algo-1"], codes["algo-2"]) == (3, 3), leader[-3000:]
     failure = (local_cluster.host_paths(spec, "algo-1").output_dir / "failure").read_text()
     assert failure.startswith("lost contact with host algo-3: "), failure
+
+
+def permuted_copy(source: Path, target: Path) -> None:
+    """`source`'s image folder under the same file names, each class folder holding pictures
+    of the next class: a rank that decoded these itself would learn every digit as its
+    neighbour, and score near 0 on the true validation pictures."""
+    classes = sorted(folder.name for folder in source.iterdir())
+    for index, name in enumerate(classes):
+        donors = sorted((source / classes[(index + 1) % len(classes)]).iterdir())
+        (target / name).mkdir(parents=True)
+        for position, file in enumerate(sorted((source / name).iterdir())):
+            shutil.copy(donors[position % len(donors)], target / name / file.name)
+
+
+def test_the_built_in_trainer_learns_from_the_data_containers_pictures_alone(engine, image,
+                                                                             tmp_path):
+    """The training containers hold pictures under the wrong class names, the data container
+    the true ones at the same paths: the job learns the true digits only if every training
+    batch was decoded and augmented on the data container."""
+    true, data = tmp_path / "true", tmp_path / "data"
+    write_digits(true, "images", size=16)
+    (data / "validation").parent.mkdir(parents=True)
+    shutil.copytree(true / "validation", data / "validation")
+    permuted_copy(true / "train", data / "train")
+    spec = local_cluster.ClusterSpec(
+        hosts=3, groups=GROUPS, workdir=tmp_path / "cluster", image=image, data=data,
+        hyperparameters={"sagemaker_distribution_instance_groups": "train", "model": "cnn",
+                         "epochs": 6, "augment": "true", "processes_per_host": 1})
+
+    def true_pictures_on_the_data_host(document) -> None:
+        volumes = document["services"]["algo-3"]["volumes"]
+        volumes[:] = [volume for volume in volumes if ":/opt/ml/input/data/train:" not in volume]
+        volumes.append(f"{true / 'train'}:/opt/ml/input/data/train:ro")
+
+    with compose_cluster(engine, spec, "hetero-served", edit=true_pictures_on_the_data_host) \
+            as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(600)
+        logs = {host: cluster.logs(host) for host in HOSTS}
+    assert codes == dict.fromkeys(HOSTS, 0), logs["algo-1"][-3000:] + logs["algo-3"][-2000:]
+    assert "training input served by the data hosts' tf.data service at grpc://algo-3:6000" \
+        in logs["algo-1"]
+    metadata = json.loads((local_cluster.host_paths(spec, "algo-1").model_dir /
+                           "metadata.json").read_text())
+    assert metadata["final_metrics"]["val_accuracy"] > 0.4, metadata["final_metrics"]
