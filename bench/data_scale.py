@@ -112,10 +112,13 @@ def measure(sizes: Sizes, workdir: Path) -> list[Measurement]:
     return [memory(sizes, workdir), image_input(sizes, workdir), accuracy(sizes, workdir)]
 
 
-def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int) -> list[float]:
+def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int,
+                   service: str = "") -> list[float]:
+    """The trainer's augmented pipeline on `channel`, drained here, or read through the
+    tf.data service at `service` (item 11)."""
     from train.data import list_channel
     from job.trainer_config import TrainerConfig
-    from train.pipeline import label_lookup, open_source, training_input
+    from train.pipeline import label_lookup, open_source, served, training_input
     from train.sharding import Share
 
     files = list_channel("train", channel)
@@ -123,7 +126,8 @@ def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int) -> lis
     source = open_source(files, Share(files.files), config)
     dataset = training_input(source, label_lookup(list(range(10))), batch, config, 0,
                              augment=True)
-    return iteration_rates(dataset, batch, batches, repeats)
+    return iteration_rates(served(dataset, service) if service else dataset, batch, batches,
+                           repeats)
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """`make bench`: run the training benchmarks, print one table, write it as JSON.
 
-    python -m bench [--tiny] [--only 1,2,3,4,5,6,7,9,10] [--results results]
+    python -m bench [--tiny] [--only 1,2,3,4,5,6,7,9,10,11] [--results results]
                             [--workdir build/bench] [--cluster auto|containers|loopback]
                             [--image NAME] [--tf-image NAME] [--mpi-options "..."]
 
@@ -16,6 +16,8 @@ Items (see each module's docstring for the method):
   9 stacks: MWMS on TF 2.21 vs Horovod on TF 2.15, 2 ranks and 1      (bench.stacks; both
     images, `make build build-tf`)
  10 a restart inside the job: rank killed to first step again, steps lost (bench.restart)
+ 11 a heterogeneous job's input: served by a data host's tf.data service vs read locally
+                                                                      (bench.hetero)
 
 Output: the table on stdout (progress and the exact commands on stderr), the full results
 (every repeat, machine, load average, date) in RESULTS/bench-<date>.json and
@@ -36,14 +38,14 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import allreduce, cluster, data_scale, memory, restart, stacks, training
+from bench import allreduce, cluster, data_scale, hetero, memory, restart, stacks, training
 from bench.launch import PYTHON, REPO, log, run
 from bench.results import (Measurement, Target, markdown_table, report, text_table,
                                    write_report)
 from bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE, TF_IMAGE
 
-ITEMS = (1, 2, 3, 4, 5, 6, 7, 9, 10)
+ITEMS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)
 NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
               "the median of repeats and the load average at each run's start is in the JSON.")
 
@@ -189,6 +191,7 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
     items.attempt(4, "cluster overhead", lambda: cluster.measure(
         sizes, workdir / "cluster", mode=config.cluster_mode, image=config.image))
     items.attempt(10, "restart", lambda: restart.measure(sizes, workdir / "restart"))
+    items.attempt(11, "served input", lambda: hetero.measure(sizes, workdir / "hetero"))
     items.attempt(9, "stacks", lambda: stacks.measure(
         sizes, workdir / "stacks", horovod_image=config.image, tf_image=config.tf_image))
     return sorted(items.rows, key=lambda m: m.item), items.seconds

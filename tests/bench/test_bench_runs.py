@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-ITEMS = {1, 2, 3, 4, 5, 6, 7, 10}  # item 9 needs both images: tests/image/test_tf_stack.py
+ITEMS = {1, 2, 3, 4, 5, 6, 7, 10, 11}  # item 9 needs both images: tests/image/test_tf_stack.py
 BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when it is busy
 
 
@@ -94,5 +94,8 @@ def test_each_item_measured_what_it_says(tiny_run):
     assert lost["value"] == restart["details"]["reported_before_restart"] - \
         (restart["details"]["resumed_at_epoch"] - 1)
     assert 0 <= lost["value"] <= 4  # checkpoints every 4 steps
+    [served] = by_item[11]
+    assert served["details"]["local"] and served["details"]["served"]  # both, one process
+    assert served["reference_name"] == "the same pipeline in the reading process"
     rank, serving = by_item[6]
     assert rank["value"] > 100 and serving["details"]["requests"] == 3  # MB: TF is loaded
