@@ -163,6 +163,29 @@ def test_the_built_in_trainer_reads_its_input_from_the_data_hosts_service(hetero
     assert metadata["final_metrics"]["val_accuracy"] > 0.4, metadata["final_metrics"]  # of 0.1
 
 
+def test_a_stop_reaching_every_host_checkpoints_with_the_service_still_serving(hetero):
+    """SageMaker's SIGTERM reaches every host at once: the ranks agree on a step and save,
+    reading their last batches from the data host, which keeps serving until they are done."""
+    roots = hetero({"sagemaker_distribution_instance_groups": "train", "model": "cnn",
+                    "epochs": 50, "image_size": 16}, program=None, data="images")
+    launchers = {host: start(root) for host, root in reversed(roots.items())}
+    leader = launchers[TRAIN_HOSTS[0]]
+    seen = []
+    for line in leader.stdout:
+        seen.append(line)
+        if "METRICS epoch=1 " in line:
+            break
+    for launcher in launchers.values():
+        launcher.send_signal(signal.SIGTERM)
+    outputs = {host: launcher.communicate(timeout=120)[0] for host, launcher in
+               launchers.items()}
+    codes = {host: launcher.returncode for host, launcher in launchers.items()}
+    assert codes == dict.fromkeys(roots, 143), "".join(seen) + outputs[TRAIN_HOSTS[0]][-3000:]
+    assert failure_of(roots[TRAIN_HOSTS[0]]).startswith("training was stopped by a signal")
+    states = sorted((roots[TRAIN_HOSTS[0]] / "checkpoints").glob("epoch-*/state.json"))
+    assert json.loads(states[-1].read_text()).get("interrupted") is True
+
+
 @pytest.mark.parametrize("hyperparameters, program, message", [
     ({}, "probe.py", "this job has 2 instance groups, train (2 x ml.p4d.24xlarge), data (1 x "
      "ml.c5.18xlarge), and names none to train: set the hyperparameter "
