@@ -58,7 +58,7 @@ def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping
         experiment = experiment_id(tracking, environ)
         run_id = environ.get("MLFLOW_RUN_ID") or start_run(
             tracking, experiment, environ.get("MLFLOW_RUN_NAME") or
-            environ.get("TRAINING_JOB_NAME", ""), run_tags(plan, environ, stack))
+            environ.get("TRAINING_JOB_NAME", ""))
     except TrackingError as error:
         notices.warn(paths, WARNING_FILE, f"MLflow: {error}; this job is not tracked (its "
                      "metrics are in the log and in output/data)", "launcher")
@@ -67,7 +67,7 @@ def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping
           flush=True)
     run = RunLogger(tracking, run_id, lambda text: notices.warn(
         paths, WARNING_FILE, text, "launcher"))
-    run.log(params=run_params(hyperparameters, plan))
+    run.log(params=run_params(hyperparameters, plan), tags=run_tags(plan, environ, stack))
     return run, {"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment}
 
 

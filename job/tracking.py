@@ -180,11 +180,9 @@ def experiment_id(tracking: Tracking, environ: Mapping[str, str]) -> str:
     raise TrackingError(f"could neither find nor make the experiment {name!r}")
 
 
-def start_run(tracking: Tracking, experiment: str, name: str,
-              tags: Mapping[str, str]) -> str:
-    """A new run, RUNNING, with `tags`; its id."""
-    body = {"experiment_id": experiment, "start_time": now_ms(),
-            "tags": [{"key": k, "value": v} for k, v in tags.items()]}
+def start_run(tracking: Tracking, experiment: str, name: str) -> str:
+    """A new run, RUNNING; its id."""
+    body: dict[str, Any] = {"experiment_id": experiment, "start_time": now_ms()}
     if name:
         body["run_name"] = name
     return tracking.call("runs/create", body)["run"]["info"]["run_id"]

@@ -114,6 +114,20 @@ def test_ranks_run_on_the_training_group_and_the_data_host_runs_until_the_traini
     assert "the leader 127.0.0.1 reports exit code 0" in ended[DATA_HOSTS[0]][1]
 
 
+def test_one_training_host_runs_its_ranks_locally_beside_a_data_host(hetero):
+    """No ssh between training hosts, yet the data host still joins the leader and ends with
+    the job."""
+    groups = (InstanceGroup("train", "ml.g5.xlarge", ("127.0.0.1",)), GROUPS[1])
+    roots = hetero({**TRAINING, "processes_per_host": 2}, groups=groups)
+    ended = run_all(roots)
+    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), \
+        ended["127.0.0.1"][1][-3000:]
+    data_dir = roots["127.0.0.1"] / "output" / "data"
+    assert [json.loads((data_dir / f"127.0.0.1-{rank}.json").read_text())["sum"]
+            for rank in (0, 1)] == [2, 2]
+    assert (roots["127.0.0.3"] / "output" / "data" / "127.0.0.3-alone.json").exists()
+
+
 def test_a_failing_data_host_script_ends_the_training_with_its_reason(hetero):
     roots = hetero({**TRAINING, "train-seconds": 300, "data-fails": ""})
     started = time.monotonic()
