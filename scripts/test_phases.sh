@@ -38,12 +38,14 @@ phase() {
 }
 
 # The Debian packages first (one apt at a time), then the local base image (debootstrap: mostly
-# downloads) and the SDK test venvs (downloads) beside the venv and the Horovod compile (CPU).
+# downloads) and the SDK and MLflow test venvs (downloads) beside the venv and the Horovod
+# compile (CPU).
 phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/make_base_image.sh & base=$!
-                          { bash scripts/setup_sdk.sh 3 && bash scripts/setup_sdk.sh 2 && bash scripts/setup_sdk.sh mlflow; } & sdk=$!
+                          { bash scripts/setup_sdk.sh 3 && bash scripts/setup_sdk.sh 2; } & sdk=$!
+                          bash scripts/setup_sdk.sh mlflow & mlflow=$!
                           bash scripts/setup.sh; built=$?
-                          wait $base && wait $sdk && exit $built; }'
+                          wait $base && wait $sdk && wait $mlflow && exit $built; }'
 phase "image build" bash scripts/build_image.sh
 mkdir -p build
 STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &

@@ -35,9 +35,11 @@ LONG_FILES = (
     "tests/train/test_distributed_training.py",  # 100
     "tests/image/test_tf_stack.py",  # 85
     "tests/image/test_keras_trainer.py",  # 85
-    "tests/container/test_mlflow.py",  # 80 (the server's start: 20-50)
+    "tests/container/test_instance_groups.py",  # 75
+    "tests/container/test_mlflow.py",  # 60 (the server's start: 10-50)
     "tests/container/test_restarts.py",  # 75
     "tests/image/test_local_cluster.py",  # 65
+    "tests/image/test_hetero_cluster.py",  # 60
     "tests/serve/test_serve_survival.py",  # 65
 )
 

@@ -127,3 +127,16 @@ def test_the_built_in_trainer_learns_from_the_data_containers_pictures_alone(eng
     metadata = json.loads((local_cluster.host_paths(spec, "algo-1").model_dir /
                            "metadata.json").read_text())
     assert metadata["final_metrics"]["val_accuracy"] > 0.4, metadata["final_metrics"]
+
+
+def test_several_groups_and_none_named_to_train_fail_every_container_with_exit_2(
+        engine, image, tmp_path, code):
+    spec = hetero_spec(tmp_path, image, sagemaker_distribution_instance_groups="")
+    with compose_cluster(engine, spec, "hetero-unnamed", edit=add_code(code)) as cluster:
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(120)
+    assert codes == dict.fromkeys(HOSTS, 2)
+    for host in HOSTS:
+        failure = (local_cluster.host_paths(spec, host).output_dir / "failure").read_text()
+        assert failure.startswith("this job has 2 instance groups, train (2 x ml.c5.xlarge), "
+                                  "data (1 x ml.c5.large), and names none to train"), failure
