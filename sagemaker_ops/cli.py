@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from job.errors import ConfigError
+from job.tracking import Tracking
 
 from . import aws
 from . import builders as b
@@ -108,6 +109,14 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
     input_mode = _per_channel(args.input_mode, names, "File", "--input-mode")
     content_type = _per_channel(args.content_type, names, "", "--content-type")
     hyperparameters = _hyperparameters(args.hp, args.hyperparameters)
+    environment = _pairs(args.env, "--env")
+    if args.mlflow:  # MLflow's own variables, which the launcher and scripts read
+        environment["MLFLOW_TRACKING_URI"] = args.mlflow
+        if Tracking.from_environment(environment) is None:
+            raise ConfigError(f"--mlflow {args.mlflow!r}: give an http(s):// tracking server "
+                              "or a SageMaker managed MLflow server's ARN")
+    if args.mlflow_experiment:
+        environment["MLFLOW_EXPERIMENT_NAME"] = args.mlflow_experiment
     if args.train_groups:
         hyperparameters["sagemaker_distribution_instance_groups"] = json.dumps(
             [name.strip() for name in args.train_groups.split(",") if name.strip()])
@@ -119,7 +128,7 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
         instance_type=args.instance_type, instance_count=args.instance_count,
         volume_size_gb=args.volume_size, hyperparameters=hyperparameters,
         instance_groups=tuple(_instance_group(text) for text in args.instance_group or ()),
-        environment=_pairs(args.env, "--env"), max_runtime_seconds=args.max_runtime,
+        environment=environment, max_runtime_seconds=args.max_runtime,
         spot=args.spot, max_wait_seconds=args.max_wait,
         checkpoint_s3_uri=args.checkpoint_s3 or "", vpc=_vpc(args),
         tags=_pairs(args.tag, "--tag"),
@@ -275,6 +284,11 @@ def parser() -> argparse.ArgumentParser:
                        help="keep the instances this long in a warm pool after the job "
                        f"(0 .. {cap.MAX_KEEP_ALIVE_SECONDS}); a next job on them starts at "
                        "once and reuses the pip cache of its scripts' requirements")
+    train.add_argument("--mlflow", metavar="URI_OR_ARN",
+                       help="log the job to this MLflow tracking server (MLFLOW_TRACKING_URI): "
+                       "an http(s):// URL or a SageMaker managed MLflow server's ARN")
+    train.add_argument("--mlflow-experiment", metavar="NAME",
+                       help="the MLflow experiment (MLFLOW_EXPERIMENT_NAME; made when missing)")
     train.add_argument("--tag", action="append", metavar="KEY=VALUE")
     train.add_argument("--encrypt-inter-container-traffic", action="store_true",
                        help="SageMaker encrypts the traffic between the job's instances "

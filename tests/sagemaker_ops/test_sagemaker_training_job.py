@@ -311,3 +311,27 @@ def test_instance_groups_that_would_fail_the_job_are_refused_unsent(changes, mes
     with pytest.raises(ConfigError) as refused:
         b.training_job_request(job(**changes))
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("uri", ["https://mlflow.example.com",
+                                 "arn:aws:sagemaker:us-east-1:123456789012:"
+                                 "mlflow-tracking-server/team"])
+def test_cli_logs_the_job_to_mlflow_through_the_environment(capsys, no_clients, uri):
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--mlflow", uri,
+                            "--mlflow-experiment", "digits", "--dry-run"],
+                    make_clients=no_clients) == 0
+    [step] = json.loads(capsys.readouterr().out)
+    botocore_accepts("CreateTrainingJob", step["request"])
+    assert step["request"]["Environment"] == {"MLFLOW_TRACKING_URI": uri,
+                                              "MLFLOW_EXPERIMENT_NAME": "digits"}
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("mlflow.example.com", "give an http(s):// tracking server"),
+    ("arn:aws:sagemaker:us-east-1:123:mlflow-tracking-server/team",
+     "is not the ARN of a SageMaker managed MLflow server")])
+def test_cli_refuses_a_tracking_uri_the_job_could_not_use(capsys, no_clients, uri, message):
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--mlflow", uri,
+                            "--dry-run"], make_clients=no_clients) == 2
+    refusal = capsys.readouterr().err
+    assert message in refusal and "nothing was sent" in refusal
