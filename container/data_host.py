@@ -3,8 +3,10 @@
 SageMaker jobs may mix instance groups (GPU hosts that train beside CPU hosts that read and
 decode the data). mpirun spans only the training groups' hosts (container.plan); every other
 host runs the user's script on its own, not under mpirun, as AWS's toolkit does, with the same
-SM_* environment (SM_CURRENT_INSTANCE_GROUP says which group it is in). Unlike the toolkit's,
-its life is the job's: it joins the leader's coordinator as a worker does (with no sshd), so
+SM_* environment (SM_CURRENT_INSTANCE_GROUP says which group it is in), or for the built-in
+trainer the tf.data service that produces the ranks' input (train.data_service). Unlike the
+toolkit's, its life is the job's: it joins the leader's coordinator as a worker does (with no
+sshd), so
 
 - when the training ends, the leader's outcome stops the script (SIGTERM, SIGKILL 10 s later)
   and the host exits with the job's exit code;
@@ -57,8 +59,8 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     threading.Thread(target=follow, daemon=True, name="leader").start()
     ready.wait()
     if not ended.is_set():
-        print(f"launcher: data host {cluster.current_host} runs the script on its own",
-              flush=True)
+        what = "the script" if plan.job.program else "the tf.data service"
+        print(f"launcher: data host {cluster.current_host} runs {what} on its own", flush=True)
         outcome = run_mpirun(list(plan.data_command), grace=launch.stop_grace,
                              host_of_rank=lambda _: cluster.current_host,
                              env={**os.environ, **plan.data_env}, abort=ended)
