@@ -145,9 +145,10 @@ class Tracking:
     def _tls(self) -> ssl.SSLContext | None:
         if not self.endpoint.startswith("https://"):
             return None
-        if not self.verify:
-            return ssl._create_unverified_context()  # the user's MLFLOW_TRACKING_INSECURE_TLS
-        return ssl.create_default_context(cafile=self.ca_file or None)
+        context = ssl.create_default_context(cafile=self.ca_file or None)
+        if not self.verify:  # the user's MLFLOW_TRACKING_INSECURE_TLS
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        return context
 
 
 def _refusal(endpoint: str, status: int, text: str) -> dict[str, Any]:
