@@ -23,7 +23,7 @@ from job.errors import ConfigError
 from job.hyperparameters import decode
 from job.validated import JobHyperparameters, submit_directory
 from job.launch_config import LaunchConfig
-from job.sagemaker_config import InstanceGroup, JobConfig, training_groups
+from job.sagemaker_config import InstanceGroup, JobConfig, check_served_input, training_groups
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
 from job.rank_job import DATA_HOST_ENV, DATA_SERVICE_ENV, Processes, RankJob
@@ -306,10 +306,8 @@ def _check_groups(training: tuple[InstanceGroup, ...], data_hosts: tuple[str, ..
                           f"({', '.join(types)}): set processes_per_host, the ranks every one "
                           "of their hosts runs")
     train = job.channels.get("train")
-    if data_hosts and not program and train is not None and train.sharded_by_host:
-        raise ConfigError(
-            "the train channel is ShardedByS3Key, but the data hosts serve the ranks' input "
-            "(tf.data service) and read the files the ranks name: make it FullyReplicated")
+    check_served_input(builtin=not program, data_groups=bool(data_hosts),
+                       train_sharded=train is not None and train.sharded_by_host)
 
 
 def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,

@@ -266,20 +266,36 @@ def read_job_config(paths: MlPaths) -> JobConfig:
         source_code=read_source_code(paths))
 
 
+def resource_document(resources: ResourceConfig, host: str = "") -> dict[str, Any]:
+    """resourceconfig.json as SageMaker writes it on `host` (default: the current host): every
+    host and instance group, and that host's own group and instance type."""
+    group = resources.group_of(host or resources.current_host)
+    return {"current_host": host or resources.current_host,
+            "current_instance_type": group.instance_type,
+            "current_group_name": group.name,
+            "hosts": sorted(resources.hosts),
+            "instance_groups": [{"instance_group_name": g.name, "instance_type": g.instance_type,
+                                 "hosts": list(g.hosts)} for g in resources.instance_groups],
+            "network_interface_name": resources.network_interface_name}
+
+
+def check_served_input(*, builtin: bool, data_groups: bool, train_sharded: bool) -> None:
+    """The built-in trainer's data groups serve its input (tf.data service) and open the
+    files the ranks name, so those must be on the data hosts too: ConfigError otherwise. One
+    rule for the launcher (container.plan) and for sagemaker-ops before it sends a job."""
+    if builtin and data_groups and train_sharded:
+        raise ConfigError(
+            "the train channel is ShardedByS3Key, but the data hosts serve the ranks' input "
+            "(tf.data service) and read the files the ranks name: the train channel must be "
+            "FullyReplicated")
+
+
 def write_job_config(job: JobConfig) -> None:
     """Write `job` under `job.paths.config_dir` as SageMaker writes it; read_job_config reads it
     back. Hyperparameter values may be any JSON value: each is written with `encode`."""
-    paths, resources = job.paths, job.resources
+    paths = job.paths
     paths.config_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(paths.resource_config, {
-        "current_host": resources.current_host,
-        "current_instance_type": resources.instance_type,
-        "current_group_name": resources.current_group,
-        "hosts": sorted(resources.hosts),
-        "instance_groups": [{"instance_group_name": group.name,
-                             "instance_type": group.instance_type, "hosts": list(group.hosts)}
-                            for group in resources.instance_groups],
-        "network_interface_name": resources.network_interface_name})
+    _write_json(paths.resource_config, resource_document(job.resources))
     _write_json(paths.hyperparameters,
                 {name: encode(value) for name, value in job.hyperparameters.items()})
     _write_json(paths.input_data_config, {

@@ -16,7 +16,8 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from job.errors import ConfigError
-from job.sagemaker_config import MAX_GROUPS, InstanceGroup, training_groups
+from job.sagemaker_config import (MAX_GROUPS, InstanceGroup, check_served_input,
+                                  training_groups)
 
 from . import capabilities as cap
 from . import metrics, schema
@@ -191,12 +192,10 @@ class TrainingJob:
         setting = next((str(hyperparameters[key]) for key in (
             "sagemaker_distribution_instance_groups", "distribution_instance_groups")
             if key in hyperparameters), "")
-        training = training_groups(groups, setting)
-        sharded = [c.name for c in self.channels
-                   if c.name == "train" and c.distribution == "ShardedByS3Key"]
-        _require(program or len(training) == len(groups) or not sharded,
-                 "the data groups serve the built-in trainer's input (tf.data service) and "
-                 "read the files the ranks name: the train channel must be FullyReplicated")
+        check_served_input(
+            builtin=not program, data_groups=len(training_groups(groups, setting)) < len(groups),
+            train_sharded=any(c.name == "train" and c.distribution == "ShardedByS3Key"
+                              for c in self.channels))
 
     def _check_spot(self) -> None:
         if not self.spot:

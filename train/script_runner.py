@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from job import notices
-from job.sagemaker_config import read_channels, read_resources
+from job.sagemaker_config import read_channels, read_resources, resource_document
 from train.rank import RankContext, run_rank
 from job.rank_job import DATA_HOST_ENV, RankJob, read_rank_job
 
@@ -43,18 +43,10 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     from sagemaker_training import environment
 
     resources = read_resources(paths.resource_config)
-    group = resources.group_of(context.host)
     # Every host of every instance group, and this host's group: the toolkit derives the
     # heterogeneous-cluster variables from them (SM_CURRENT_INSTANCE_GROUP, SM_IS_HETERO,
     # SM_INSTANCE_GROUPS_DICT, SM_DISTRIBUTION_HOSTS ...), those of AWS's containers.
-    resource_config = {"current_host": context.host, "hosts": list(resources.hosts),
-                       "network_interface_name": resources.network_interface_name,
-                       "current_instance_type": group.instance_type,
-                       "current_group_name": group.name,
-                       "instance_groups": [{"instance_group_name": g.name,
-                                            "instance_type": g.instance_type,
-                                            "hosts": list(g.hosts)}
-                                           for g in resources.instance_groups]}
+    resource_config = resource_document(resources, context.host)
     training = [g.name for g in resources.instance_groups if set(g.hosts) & set(context.hosts)]
     channels = {name: {"ContentType": c.content_type, "TrainingInputMode": c.input_mode,
                        "S3DistributionType": c.distribution}
