@@ -156,9 +156,10 @@ else:
     keras = tf.keras
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     process = strategy.cluster_resolver.task_id
-# MWMS steps on 8 rows are fast: 5 times the data keeps its epoch long enough (~5 s) for the
-# stop sent once "Epoch 2/4" is logged to land inside epoch 2
-x = np.random.default_rng(0).normal(size=(1200 if stack == "jax" else 6000, 8)).astype("float32")
+# Steps on 8 features are fast on either stack: 6000 rows keep an epoch long enough (~5 s)
+# for the stop sent once "Epoch 2/4" is logged to land inside epoch 2 (with 1200 rows, JAX's
+# epoch once ended before the stop arrived)
+x = np.random.default_rng(0).normal(size=(6000, 8)).astype("float32")
 y = (x.sum(axis=1) > 0).astype("int32")
 
 def build():
