@@ -100,10 +100,12 @@ def default_options(*, hosts: tuple[str, ...], processes_per_host: int, interfac
     multi_host = ssh_args is not None
     host_list = ",".join(f"{host}:{processes_per_host}" for host in hosts) if multi_host \
         else f"localhost:{processes_per_host}"
+    # Long options with two dashes: Open MPI 4 takes both spellings, Open MPI 5's prterun
+    # reads `-bind-to` as the program to run.
     options = [
         Option(("--allow-run-as-root",)), Option(("--tag-output",)),
         Option(("-np", str(world_size))), Option(("-H", host_list)),
-        Option(("-bind-to", "none")), Option(("-map-by", "slot")),
+        Option(("--bind-to", "none")), Option(("--map-by", "slot")),
         Option(("-mca", "pml", "ob1")), Option(("-mca", "btl", "^openib")),
         Option(("-mca", "orte_abort_on_non_zero_status", "1")),
         Option(("-mca", "btl_vader_single_copy_mechanism", "none")),

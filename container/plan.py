@@ -6,7 +6,7 @@ see exactly the plan a real launch would execute. What each rank runs (the train
 and batch plan, or the script and its hyperparameters) is decided here once and travels to
 every rank in its environment (job.rank_job).
 
-Ranks are placed with `-map-by slot` over the sorted host list, so rank r runs on
+Ranks are placed with `--map-by slot` over the sorted host list, so rank r runs on
 hosts[r // processes_per_host]. Each rank derives its own host from that (the hosts and
 processes per host travel in its environment) instead of inheriting the leader's
 SM_CURRENT_HOST, and checks the placement against OpenMPI's local rank at start.

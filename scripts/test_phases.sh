@@ -2,8 +2,8 @@
 # `make test`: the whole suite from a fresh clone, in phases, each timed, with the times printed
 # at the end (also when a phase fails):
 #   set-up           scripts/container_setup.sh, scripts/setup.sh (venv, Horovod wheel), the
-#                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3 and
-#                    the MLflow server test venvs)
+#                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3, the
+#                    MLflow server and the GPU machine's stand-in test venvs)
 #   image build      the CPU image the container tests run (scripts/build_image.sh)
 #   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP);
 #                    the TensorFlow 2.21 image (STACK=tf: downloads and installs, nothing to
@@ -38,14 +38,15 @@ phase() {
 }
 
 # The Debian packages first (one apt at a time), then the local base image (debootstrap: mostly
-# downloads) and the SDK and MLflow test venvs (downloads) beside the venv and the Horovod
+# downloads) and the test venvs (downloads) beside the venv and the Horovod
 # compile (CPU).
 phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/make_base_image.sh & base=$!
                           { bash scripts/setup_sdk.sh 3 && bash scripts/setup_sdk.sh 2; } & sdk=$!
-                          bash scripts/setup_sdk.sh mlflow & mlflow=$!
+                          { bash scripts/setup_sdk.sh mlflow && bash scripts/setup_sdk.sh gpu; } &
+                          tools=$!
                           bash scripts/setup.sh; built=$?
-                          wait $base && wait $sdk && wait $mlflow && exit $built; }'
+                          wait $base && wait $sdk && wait $tools && exit $built; }'
 phase "image build" bash scripts/build_image.sh
 mkdir -p build
 STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &

@@ -81,7 +81,7 @@ def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankCon
         raise PlatformError(
             f"rank {rank} was placed unexpectedly (world size {world_size}, local rank "
             f"{local_rank}; planned {len(hosts)} hosts x {per_host}); do not override -np, "
-            f"-H or -map-by in mpi_options")
+            f"-H or --map-by in mpi_options")
     return RankContext(rank, world_size, local_rank, local_size, hosts[rank // per_host],
                        hosts, paths)
 

@@ -18,7 +18,7 @@ from job.rank_job import Processes, RankJob
 PYTHON = "/venv/bin/python"
 ENV = {"PATH": "/venv/bin:/usr/bin"}
 COMMON = ["mpirun", "--allow-run-as-root", "--tag-output"]
-SAFETY = ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+SAFETY = ["--bind-to", "none", "--map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
           "-mca", "orte_abort_on_non_zero_status", "1",
           "-mca", "btl_vader_single_copy_mechanism", "none"]
 STALL = ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=30", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0"]

