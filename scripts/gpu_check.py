@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config  # 
 
 SCRIPT = REPO / "train" / "examples" / "keras_throughput_script.py"
 TARGET_RATIO = 0.95
+STOP_SECONDS = 60  # the launcher's stop grace (30 s) and its report
 _THROUGHPUT = re.compile(r"THROUGHPUT ([\d.]+)")
 _PROCESSES = re.compile(r"PROCESSES (\d+)")
 _DEVICES = re.compile(r"DEVICES (\w+) (\d+)")
@@ -122,14 +124,22 @@ def run(name: str, argv: list[str], env: dict[str, str], timeout: float, log: Pa
     """Run one of the two jobs to its end; its whole output also goes to `log`."""
     print(f"gpu check: {name}: {' '.join(argv)}", flush=True)
     started = time.perf_counter()
+    # A run past its time is stopped as SageMaker stops a job (SIGTERM: the launcher stops its
+    # mpirun and rank), then killed with its process group, so nothing goes on holding the GPU.
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout)
-        code, output = done.returncode, done.stdout
-    except subprocess.TimeoutExpired as expired:
+        output, _ = process.communicate(timeout=timeout)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            output, _ = process.communicate(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
         code = 124
-        output = (expired.stdout or b"").decode(errors="replace") + \
-            f"\ngpu check: {name} ran past {timeout:.0f} s"
+        output += f"\ngpu check: {name} ran past {timeout:.0f} s and was stopped"
     seconds = time.perf_counter() - started
     log.write_text(output)
     print(f"gpu check: {name}: exit {code} in {seconds:.1f} s (output: {log})", flush=True)

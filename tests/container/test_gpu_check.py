@@ -73,3 +73,12 @@ def test_a_machine_without_the_carried_wheels_is_told_what_it_lacks():
 def test_a_wrong_mode_is_refused_with_the_usage():
     done = gpu_check("check")
     assert done.returncode == 2 and "usage: scripts/gpu_check.sh prepare" in done.stderr
+
+
+def test_a_run_past_its_time_is_stopped_with_everything_it_started(tmp_path):
+    done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL, "--timeout", "6")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu check: FAILED: launched exited 124" in done.stdout, done.stdout[-3000:]
+    assert "launched ran past 6 s and was stopped" in done.stdout
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout  # no launcher, mpirun or rank of this run is left

@@ -222,7 +222,7 @@ model = tf.keras.Sequential([tf.keras.Input((256,)),
                              tf.keras.layers.Dense(10)])
 model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(dataset, steps_per_epoch=800, epochs=2, verbose=2 if hvd.rank() == 0 else 0,
+model.fit(dataset, steps_per_epoch=1200, epochs=2, verbose=2 if hvd.rank() == 0 else 0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 '''
 
@@ -321,7 +321,7 @@ def test_an_unmodified_script_whose_epochs_outlast_the_timeout_completes(make_sc
     assert result.returncode == 0, "\n".join(
         line for line in (result.stdout + result.stderr).splitlines()
         if "<stdout>" in line or line.startswith("launcher:"))
-    epochs = re.findall(r"^\[1,0\]<stdout>:800/800 - (\d+)s ", result.stdout, re.MULTILINE)
+    epochs = re.findall(r"^\[1,0\]<stdout>:1200/1200 - (\d+)s ", result.stdout, re.MULTILINE)
     assert len(epochs) == 2, result.stdout[-3000:]
     print(f"seconds per epoch, as Keras printed them: {epochs}")
     assert all(int(seconds) > 8 for seconds in epochs), epochs  # silent past the timeout
