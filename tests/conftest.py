@@ -19,28 +19,30 @@ from scripts.digits_files import write_digits
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).with_name("train")
 
-# The files whose jobs take minutes, longest first (seconds on one idle worker, measured with
-# --durations). `make test` hands whole files to two pytest-xdist workers as they come free,
-# in collection order (--no-loadscope-reorder; xdist's own order puts the files with the most
-# tests first, which left these few-test, long files for the end and one worker idle beside
-# the last of them).
+# The files whose jobs take minutes, longest first (seconds on one of two busy workers, measured
+# with --durations on 2026-12-06). `make test` hands whole files to two pytest-xdist workers as
+# they come free, in collection order (--no-loadscope-reorder; xdist's own order puts the files
+# with the most tests first, which left these few-test, long files for the end and one worker
+# idle beside the last of them).
 LONG_FILES = (
-    "tests/bench/test_bench_runs.py",  # 240
+    "tests/container/test_watchdog.py",  # 280
+    "tests/bench/test_bench_runs.py",  # 250
+    "tests/image/test_keras_jax.py",  # 235
+    "tests/image/test_fault_matrix.py",  # 175
+    "tests/image/test_tf_trainer.py",  # 175
     "tests/image/test_sdk_local_mode.py",  # 160
-    "tests/image/test_fault_matrix.py",  # 150
-    "tests/image/test_tf_trainer.py",  # 140
-    "tests/container/test_watchdog.py",  # 130
-    "tests/train/test_exact_resume.py",  # 110
-    "tests/train/test_data_jobs.py",  # 110
-    "tests/train/test_distributed_training.py",  # 100
-    "tests/image/test_tf_stack.py",  # 85
-    "tests/image/test_keras_trainer.py",  # 85
-    "tests/container/test_instance_groups.py",  # 75
-    "tests/container/test_mlflow.py",  # 60 (the server's start: 10-50)
-    "tests/container/test_restarts.py",  # 75
+    "tests/image/test_keras_trainer.py",  # 135
+    "tests/train/test_exact_resume.py",  # 90
+    "tests/image/test_tf_stack.py",  # 80
+    "tests/train/test_distributed_training.py",  # 80
+    "tests/container/test_restarts.py",  # 65
     "tests/image/test_local_cluster.py",  # 65
-    "tests/image/test_hetero_cluster.py",  # 60
-    "tests/serve/test_serve_survival.py",  # 65
+    "tests/train/test_data_jobs.py",  # 65
+    "tests/container/test_gpu_check.py",  # 60
+    "tests/container/test_instance_groups.py",  # 55
+    "tests/container/test_mlflow.py",  # 50 (the server's start: 10-50)
+    "tests/image/test_hetero_cluster.py",  # 45
+    "tests/serve/test_serve_survival.py",  # 15-65
 )
 
 
