@@ -263,7 +263,8 @@ class Leader:
     def _address_of(self, host: str) -> str:
         """A worker's address, looked up once: a name service that stalls for a moment (podman's
         resolver reloads as a container joins the network; glibc then waits 5 s per server)
-        must not keep a stranger's refusal waiting, nor a worker's second attempt."""
+        must not keep a stranger's refusal waiting, nor a worker's second attempt. It is also
+        the address mpirun's ssh is pinned to (sshd.client_config): the one the worker came from."""
         if host not in self.addresses:
             self.addresses[host] = address_of(host)
         return self.addresses[host]

@@ -119,17 +119,36 @@ class SshFiles:
     def known_hosts(self) -> Path:
         return self.runtime / "known_hosts"
 
+    @property
+    def client_config(self) -> Path:
+        return self.runtime / "ssh_config"
+
 
 def ssh_client_args(files: SshFiles, port: int) -> str:
-    """What mpirun passes to ssh (plm_rsh_args): the job key and strict host checking."""
-    return (f"-p {port} -i {files.client_key} -o IdentitiesOnly=yes -o BatchMode=yes "
-            f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={files.known_hosts} "
-            f"-o CheckHostIP=no -o ConnectTimeout=30 -o LogLevel=ERROR")
+    """What mpirun passes to ssh (plm_rsh_args): the job key, strict host checking, and the
+    job's own client config (`client_config`) in place of the image's."""
+    return (f"-F {files.client_config} -p {port} -i {files.client_key} -o IdentitiesOnly=yes "
+            f"-o BatchMode=yes -o StrictHostKeyChecking=yes "
+            f"-o UserKnownHostsFile={files.known_hosts} -o CheckHostIP=no -o ConnectTimeout=30 "
+            f"-o LogLevel=ERROR")
+
+
+def client_config(addresses: Mapping[str, str], port: int) -> str:
+    """ssh's config for the job: each host's name pinned to the address the leader verified
+    when that host joined. ssh then never asks the name service, which can fail for a moment
+    while the cluster's containers come and go (podman's resolver reloads, glibc moves on to a
+    server that has never heard of algo-2: "Could not resolve hostname"); host keys are still
+    checked against the name (HostKeyAlias), as known_hosts holds them."""
+    return "".join(f"Host {host}\n  HostName {address}\n  HostKeyAlias {_known_name(host, port)}\n"
+                   for host, address in addresses.items())
 
 
 def known_hosts_line(host: str, port: int, host_public_key: str) -> str:
-    name = host if port == 22 else f"[{host}]:{port}"
-    return f"{name} {host_public_key.strip()}\n"
+    return f"{_known_name(host, port)} {host_public_key.strip()}\n"
+
+
+def _known_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
 
 
 def _require(program: str) -> str:

@@ -261,6 +261,9 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
             files.known_hosts.write_text("".join(
                 sshd.known_hosts_line(host, launch.sshd_port, key)
                 for host, key in host_keys.items()))
+            addresses = {**coordinator.addresses, cluster.current_host: address}
+            files.client_config.write_text(sshd.client_config(
+                {host: addresses[host] for host in host_keys}, launch.sshd_port))
             network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         hosts = len(cluster.hosts) + len(cluster.data_hosts)
         print(f"launcher: all {hosts} hosts ready", flush=True)

@@ -23,7 +23,7 @@ SAFETY = ["--bind-to", "none", "--map-by", "slot", "-mca", "pml", "ob1", "-mca",
           "-mca", "btl_vader_single_copy_mechanism", "none"]
 STALL = ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=30", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0"]
 RANK = [PYTHON, "-P", "-m", "mpi4py", "-m", "train.rank_main"]
-SSH = ("-p 22 -i /run/job/id_ed25519 -o IdentitiesOnly=yes -o BatchMode=yes "
+SSH = ("-F /run/job/ssh_config -p 22 -i /run/job/id_ed25519 -o IdentitiesOnly=yes -o BatchMode=yes "
        "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/run/job/known_hosts "
        "-o CheckHostIP=no -o ConnectTimeout=30 -o LogLevel=ERROR")
 

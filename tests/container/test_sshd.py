@@ -1,6 +1,8 @@
 """The job's own sshd, for real on loopback: the job key logs in, and nothing else it could
-ask for (port forwarding) is granted."""
+ask for (port forwarding) is granted; ssh reaches it by a cluster host name that no name
+service knows, through the job's client config."""
 
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -10,6 +12,9 @@ import pytest
 from container import sshd
 from job.errors import PlatformError
 from container.network import free_port
+
+
+HOST = "algo-7"  # a SageMaker-style name that does not resolve on this machine
 
 
 @pytest.fixture
@@ -28,7 +33,8 @@ def job_sshd(monkeypatch, session_env):
     port = free_port()
     process, host_key = sshd.start_sshd(files, address="127.0.0.1", port=port,
                                         authorized_key=public_key)
-    files.known_hosts.write_text(sshd.known_hosts_line("127.0.0.1", port, host_key))
+    files.known_hosts.write_text(sshd.known_hosts_line(HOST, port, host_key))
+    files.client_config.write_text(sshd.client_config({HOST: "127.0.0.1"}, port))
     try:
         yield files, port
     finally:
@@ -37,7 +43,7 @@ def job_sshd(monkeypatch, session_env):
 
 
 def ssh(files, port, *extra, command="echo ok"):
-    argv = ["ssh", *sshd.ssh_client_args(files, port).split(), *extra, "127.0.0.1", command]
+    argv = ["ssh", *sshd.ssh_client_args(files, port).split(), *extra, HOST, command]
     for _ in range(50):  # sshd needs a moment to listen
         result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         if "Connection refused" not in result.stderr:
@@ -87,3 +93,21 @@ def test_no_setenv_without_host_own_variables():
     text, skipped = sshd.sshd_config(Path("/run/job"), address="10.0.0.1", port=2222,
                                      environ={"PATH": "/usr/bin", "AWS_REGION": "eu-west-1"})
     assert "SetEnv" not in text and skipped == []
+
+
+def test_a_host_reached_by_its_pinned_address_is_still_checked_by_its_name(job_sshd, tmp_path):
+    """The name service is never asked (the name does not resolve here), and the host key is
+    checked under the name: a different key for that name is refused."""
+    files, port = job_sshd
+    with pytest.raises(socket.gaierror):
+        socket.getaddrinfo(HOST, port)
+    assert ssh(files, port).stdout.strip() == "ok"
+    genuine = files.known_hosts.read_text()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")],
+                   check=True)
+    files.known_hosts.write_text(sshd.known_hosts_line(
+        HOST, port, (tmp_path / "other.pub").read_text()))
+    impostor = ssh(files, port)
+    files.known_hosts.write_text(genuine)
+    assert impostor.returncode == 255 and "Host key verification failed" in impostor.stderr, \
+        impostor.stderr
