@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from container.network import free_port
+from container.network import free_ports
 from job.protocol import parse_mark, parse_metrics
 from bench.jobs import DataShape, synthetic, write_job, write_npz
 from bench.launch import PYTHON, TRAIN, log
@@ -137,9 +137,10 @@ def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = 
                  watch: Callable[[str, subprocess.Popen], None] | None = None) -> Timeline:
     """The 2-host job on loopback (`extra` hyperparameters over item 4's); `watch` sees each
     line of the leader as it comes, with the worker's launcher (to act on it mid-run)."""
+    sshd, coordinator = free_ports(2)
     hyperparameters = {**job_hyperparameters(sizes), **(extra or {}),
-                       "sshd_port": str(free_port()),
-                       "coordinator_port": str(free_port()), "host_timeout": "120",
+                       "sshd_port": str(sshd),
+                       "coordinator_port": str(coordinator), "host_timeout": "120",
                        "leader_timeout": "120", "heartbeat_timeout": "10"}
     data = cluster_data(sizes)
     roots = []

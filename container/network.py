@@ -4,7 +4,7 @@ SageMaker's host names (algo-1, algo-2, ...) may not resolve the instant a conta
 so every host retries until a deadline. A timeout names exactly the hosts that never answered,
 which is the line a user needs instead of "Cannot connect to host algo-1" in a hang.
 Polling backs off from 0.1 s to 1 s: quick when things are quick, cheap when they are not.
-`free_port` finds a port for the servers that tests and benchmarks start on loopback.
+`free_port` and `free_ports` find ports for the servers that tests and benchmarks start on loopback.
 
 The interface OpenMPI is told to use comes from resourceconfig.json, and it is not always
 there: SageMaker's local mode writes `ethwe`, and some instance types name theirs otherwise.
@@ -71,9 +71,21 @@ def wait_resolvable(hosts: Iterable[str], leader: str, timeout: float) -> None:
 
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 now (the kernel's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports free on 127.0.0.1 now. Every probe stays bound until all are
+    picked: probes closed one by one may get the same port twice (a job's sshd and coordinator
+    on one port: sshd cannot bind, and its readiness probes reach the coordinator)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def wait_sshd(hosts: Iterable[str], port: int, timeout: float) -> None:

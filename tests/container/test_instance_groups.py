@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from container.network import free_port
+from container.network import free_ports
 from job.paths import MlPaths
 from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
@@ -51,9 +51,10 @@ def hetero(tmp_path):
     instance groups, as SageMaker lays it out on each host."""
 
     def make(hyperparameters: dict, groups=GROUPS, program="probe.py", data=None) -> dict:
-        values = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
+        sshd, coordinator, data_service = free_ports(3)
+        values = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 60,
                   "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
-                  "data_service_port": free_port(),
+                  "data_service_port": data_service,
                   **({"sagemaker_program": program} if program else {}), **hyperparameters}
         hosts = tuple(host for group in groups for host in group.hosts)
         roots = {}

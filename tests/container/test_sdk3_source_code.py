@@ -19,7 +19,7 @@ from job.validated import validate_hyperparameters
 from tests.conftest import failure_of, run_train, write_json
 from tests.container.test_multi_host import HOSTS, start
 from tests.s3_server import uninstall, write_wheel
-from container.network import free_port
+from container.network import free_port, free_ports
 
 IGNORE = [".env", ".git", "__pycache__", ".DS_Store", ".cache", ".ipynb_checkpoints"]
 
@@ -201,7 +201,8 @@ def sdk3_cluster(make_job, tmp_path):
     (source / "scale.txt").write_text("16.0\n")
     wheel = write_wheel(source / "wheels", package, "1.0", "EPOCHS = 2\n")
     (source / "requirements-train.txt").write_text(f"./wheels/{wheel.name}\n")
-    ports = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 60,
+    sshd, coordinator = free_ports(2)
+    ports = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 60,
              "leader_timeout": 60, "heartbeat_timeout": 10}
     roots = {}
     for host in HOSTS:

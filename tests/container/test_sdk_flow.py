@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from container.network import free_port
+from container.network import free_ports
 from serve.model import horovod_op_library
 from tests.conftest import TRAIN
 from tests.portable import call_savedmodel
@@ -78,7 +78,8 @@ def submitted(tmp_path, s3_server, package):  # noqa: F811
 
 def test_source_dir_job_across_two_hosts_then_serve(make_job, submitted, s3_server, package,  # noqa: F811
                                                    tmp_path):
-    values = {"sshd_port": free_port(), "coordinator_port": free_port(), "host_timeout": 120,
+    sshd, coordinator = free_ports(2)
+    values = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 120,
               "leader_timeout": 120, "heartbeat_timeout": 10, "processes_per_host": 1,
               "sagemaker_submit_directory": json.dumps(submitted),
               "sagemaker_program": json.dumps("train.py"),
