@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from job.paths import MlPaths
-from job.protocol import FailureKind, RankFailure, elide, exit_code, parse_rank_failure
+from job.protocol import (FailureKind, RankFailure, elide, exit_code, parse_rank_failure,
+                          parse_stopped)
 
 FAILURE_LIMIT = 1024
 
@@ -78,6 +79,7 @@ class OutputLog:
     untagged: deque = field(default_factory=lambda: deque(maxlen=400))
     tail: deque = field(default_factory=lambda: deque(maxlen=20))
     unhealthy_worker: int | None = None  # the first worker TensorFlow reported as silent
+    stopped: str | None = None  # the last stop line's detail: what a stop saved, and where
     _heartbeats_reported: bool = False
 
     def add(self, line: str) -> None:
@@ -85,6 +87,7 @@ class OutputLog:
         self.tail.append(line)
         tagged = TAG.match(line)
         text = tagged["text"] if tagged else line
+        self.stopped = parse_stopped(text) or self.stopped
         if _TF_HEARTBEATS in text or self._heartbeats_reported:
             self._heartbeats_reported = True
             task = _TF_TASK.search(text.partition(_TF_HEARTBEATS)[2] or text)

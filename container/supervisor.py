@@ -6,8 +6,10 @@ read for failure reports (container.failure) or watched (container.watchdog).
 Stopping: SageMaker sends SIGTERM and kills everything 120 s later. The launcher turns the
 first SIGTERM into SIGUSR1 for mpirun, which forwards it to every rank; the trainer then
 agrees with the other ranks to stop after the current step, saves a checkpoint and exits.
-If the ranks are not done after `stop_grace` seconds, mpirun gets SIGTERM (it kills the job)
-and, 10 s later, SIGKILL. A second SIGTERM skips the wait.
+If the ranks are not done after `stop_grace` seconds, they are asked for their stacks (as the
+watchdog does: where they are stuck is then in the log), and mpirun gets SIGTERM (it kills the
+job) and, 10 s later, SIGKILL. A second SIGTERM skips the wait. The failure file says whether
+a checkpoint was confirmed, and if not, why: the grace ran out, or a rank failed.
 
 Hanging: with a `ProgressWatch` (container.watchdog), a thread checks once a second whether
 the ranks still make progress; when they do not, it asks them for their stacks (SIGUSR2,
@@ -28,7 +30,7 @@ from typing import Callable
 from container.failure import Outcome, OutputLog, summarize
 from container.lines import WholeLines
 from container.watchdog import STACK_GRACE, ProgressWatch
-from job.protocol import FailureKind, parse_active, parse_stopped
+from job.protocol import FailureKind, parse_active
 
 
 class StopSignals:
@@ -38,6 +40,7 @@ class StopSignals:
         self.process = process
         self.grace = grace
         self.received = threading.Event()
+        self.overdue = False  # the ranks were still running `grace` s after the stop
         self.previous = {}
 
     def __enter__(self) -> "StopSignals":
@@ -62,6 +65,18 @@ class StopSignals:
     def _deadline(self) -> None:
         try:
             self.process.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            self.overdue = True
+            print(f"launcher: the ranks did not stop within the grace of {self.grace:g} s; "
+                  "asking every rank for its Python stack, then stopping the job", flush=True)
+            self.stacks_then_escalate()
+
+    def stacks_then_escalate(self) -> None:
+        """Every rank prints its Python stack (SIGUSR2, which mpirun forwards: faulthandler in
+        train.rank), then the job is ended."""
+        self._signal(signal.SIGUSR2)
+        try:
+            self.process.wait(timeout=STACK_GRACE)
         except subprocess.TimeoutExpired:
             self.escalate()
 
@@ -119,11 +134,24 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
     if exit_code == 0 and not stopped:
         return Outcome.success()
     if stopped:
-        saved = [detail for line in log.tail if (detail := parse_stopped(line)) is not None]
-        detail = saved[-1] if saved else "no checkpoint was confirmed"
         return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
-                              f"stopped, max runtime or spot reclaim); {detail}")
+                              f"stopped, max runtime or spot reclaim); "
+                              f"{stop_detail(log, exit_code, stops, host_of_rank)}")
     return summarize(log, exit_code, host_of_rank)
+
+
+def stop_detail(log: OutputLog, exit_code: int, stops: StopSignals,
+                host_of_rank: Callable[[int], str]) -> str:
+    """What the ranks confirmed they saved after a stop, or why nothing was confirmed."""
+    if log.stopped is not None:
+        return log.stopped
+    if stops.overdue:
+        return (f"no checkpoint was confirmed within the grace of {stops.grace:g} s, so the "
+                "ranks were killed; their Python stacks are in the log: raise stop_grace if "
+                "saving takes longer")
+    if exit_code != 0 and log.reports:
+        return f"no checkpoint was confirmed: {summarize(log, exit_code, host_of_rank).reason}"
+    return "no checkpoint was confirmed"
 
 
 def _aborter(process: subprocess.Popen, abort: threading.Event, stops: StopSignals) -> None:
@@ -142,9 +170,5 @@ def _watchdog(process: subprocess.Popen, watch: ProgressWatch, stops: StopSignal
         print(f"launcher: no progress for {silence:.0f} s; asking every rank for its Python "
               "stack, then stopping the job", flush=True)
         watch.fire(silence)
-        os.kill(process.pid, signal.SIGUSR2)
-        try:
-            process.wait(timeout=STACK_GRACE)
-        except subprocess.TimeoutExpired:
-            stops.escalate()
+        stops.stacks_then_escalate()
         return

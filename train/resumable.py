@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from job.paths import MlPaths
+from job.protocol import stopped_line
 from train.agreement import STOP, Cadence, agree_after_step
 from train.checkpoints import ArrayCheckpoint, CheckpointStore
 from train.jax_state import attach_state
@@ -130,11 +131,14 @@ class Checkpoints:
         """Every rank, after every optimizer step: saves when one is due by the clock, and
         when the job is asked to stop saves and exits (SystemExit 143) on every rank."""
         agreed = agree_after_step(self.cadence)
-        if agreed:
-            attach_state(self.model)  # inside Keras 3's fit on JAX: every rank, now
-            self.save(epoch=epoch, step=step, **extra)
+        if not agreed:
+            return
+        attach_state(self.model)  # inside Keras 3's fit on JAX: every rank, now
+        saved = self.save(epoch=epoch, step=step, **extra)
         if agreed & STOP:
-            emit(f"checkpoints: stopped on request; saved in {self.store.directory}")
+            if saved is not None:  # the leader: the launcher puts this in the failure file
+                emit(stopped_line(f"checkpoint saved in {saved}; a restarted job resumes "
+                                  "from it"))
             raise SystemExit(STOPPED_CODE)
 
     def callback(self):

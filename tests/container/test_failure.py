@@ -163,3 +163,15 @@ def test_a_worker_tensorflow_reports_silent_is_named_with_its_host_first():
     assert outcome.exit_code == 1
     assert not log_of("[1,0]<stderr>:ValueError: /job:worker/replica:0/task:1 is bad\n"
                       ).unhealthy_worker  # a worker named in another context is not blamed
+
+
+def test_a_stop_line_is_remembered_however_much_the_ranks_print_after_it():
+    """Eight ranks' shutdown warnings follow the leader's stop line; what it saved still
+    reaches the failure file (a window of the last lines lost it)."""
+    log = log_of("[1,0]<stdout>:trainer: TRAIN-STOPPED checkpoint saved in /opt/ml/checkpoints; "
+                 "a restarted job resumes at epoch 2, step 48\n" + "".join(
+                     f"[1,{rank}]<stderr>:W0000 collective_ops.cc:42] cancelled\n" * 5
+                     for rank in range(8)))
+    assert log.stopped == ("checkpoint saved in /opt/ml/checkpoints; a restarted job resumes "
+                           "at epoch 2, step 48")
+    assert log_of("[1,0]<stdout>:trainer: 2 rank(s)\n").stopped is None

@@ -202,9 +202,13 @@ def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(engine, tf_ima
         codes = cluster.wait_all_exited(60)
         stopped = cluster.logs("algo-1")
         assert codes == {"algo-1": 143, "algo-2": 143}, stopped[-3000:]
-        assert "checkpoints: stopped on request; saved in /opt/ml/checkpoints" in stopped
         folders = leader_checkpoints(spec)
         assert [f.name for f in folders] == ["epoch-000001", "epoch-000001.1"], stopped[-3000:]
+        for host in ("algo-1", "algo-2"):  # the leader relayed what its ranks confirmed
+            assert failure(spec, host).startswith(
+                "training was stopped by a signal (job stopped, max runtime or spot reclaim); "
+                "checkpoint saved in /opt/ml/checkpoints/epoch-000001.1; a restarted job "
+                "resumes from it"), failure(spec, host)
         restart(cluster, spec)
         codes = cluster.wait_all_exited(300)
         resumed = cluster.logs("algo-1")

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from tests.conftest import ROOT, run_train, stop_job
+from tests.conftest import ROOT, failure_of, run_train, stop_job
 
 # A custom loop whose every step is fixed (its data are chosen by the step), with Adam, so a
 # resume that lost or mangled any variable (the optimizer's moments, its step count) ends with
@@ -104,8 +104,9 @@ def test_a_loop_stopped_and_run_again_ends_with_the_weights_of_one_never_stopped
         make_script_job):
     stopped = make_script_job("loop.py", {"processes_per_host": 2}, LOOP)
     output = stop_job(stopped, "[1,0]<stdout>:step 20")
-    assert "checkpoints: stopped on request; saved in" in output, output[-3000:]
     [folder] = (stopped / "checkpoints").glob("epoch-*")
+    assert failure_of(stopped).endswith(  # the launcher read the leader's stop line
+        f"checkpoint saved in {folder}; a restarted job resumes from it"), output[-3000:]
     saved = json.loads((folder / "state.json").read_text())
     assert 20 <= saved["step"] < 60 and saved["extra"] == {"note": "loop"}, saved
     again = run_train(stopped)
@@ -159,3 +160,47 @@ def test_a_model_it_cannot_checkpoint_is_named_with_the_way_out(tmp_path):
     assert len(errors) == 2, done.stdout + done.stderr[-3000:]
     assert "build the model before restoring it" in errors[0]
     assert "compile the model first" in errors[1]
+
+
+# A script whose save outlasts the job's stop_grace: its stop is honoured after a step, and the
+# step never ends (an upload to a store that stopped answering).
+STUCK = '''
+import time
+import tensorflow as tf
+from train.resumable import Checkpoints
+
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+model.compile(optimizer="adam", loss="mse")
+checkpoints = Checkpoints(model, every_minutes=0)
+checkpoints.restore()
+
+def upload_to_a_store_that_stopped_answering():
+    while True:
+        time.sleep(0.1)
+
+print("uploading", flush=True)
+upload_to_a_store_that_stopped_answering()
+'''
+
+
+def test_a_stop_whose_save_outlasts_the_grace_says_so_and_shows_where_it_was(make_script_job):
+    root = make_script_job("stuck.py", {"stop_grace": 3}, STUCK)
+    output = stop_job(root, "[1,0]<stdout>:uploading")
+    assert failure_of(root).endswith(
+        "no checkpoint was confirmed within the grace of 3 s, so the ranks were killed; their "
+        "Python stacks are in the log: raise stop_grace if saving takes longer"), output[-3000:]
+    assert "the ranks did not stop within the grace of 3 s; asking every rank" in output
+    assert "in upload_to_a_store_that_stopped_answering" in output, output[-3000:]
+
+
+def test_a_stop_whose_save_fails_names_the_rank_and_the_error(make_script_job):
+    """The folder the script chose cannot be written: the stop ends the job as stopped (143),
+    and the failure file says that nothing was saved, and why."""
+    script = STUCK.replace("every_minutes=0", "every_minutes=0, directory='/dev/null/ckpt'")
+    script = script.replace("        time.sleep(0.1)", "        time.sleep(0.1)\n"
+                            "        checkpoints.after_step(step=1)")
+    root = make_script_job("unwritable.py", {"stop_grace": 60}, script)
+    output = stop_job(root, "[1,0]<stdout>:uploading")
+    reason = failure_of(root)
+    assert "; no checkpoint was confirmed: rank 0 on host " in reason, output[-3000:]
+    assert "NotADirectoryError" in reason and "/dev/null/ckpt" in reason, reason
