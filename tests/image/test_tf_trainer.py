@@ -57,7 +57,7 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_
     with compose_cluster(engine, spec, "mwms-resume") as cluster:
         stopped = stop_the_leader_in_epoch_2(engine, cluster)
         newest, state = newest_checkpoint(spec)
-        if state.get("interrupted") is not True:  # the whole log: where the ranks were
+        if state.get("interrupted") is not True:  # the log's end: where the ranks were
             pytest.fail(f"newest checkpoint {state}\n{stopped[-6000:]}", pytrace=False)
         epochs = state["epochs_done"] + 2
         set_epochs(spec, epochs)
