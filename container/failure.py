@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
+from job.checkpoint_folders import STATE, newest_usable
 from job.paths import MlPaths
 from job.protocol import (FailureKind, RankFailure, elide, exit_code, parse_rank_failure,
                           parse_stopped)
@@ -182,6 +185,25 @@ def _code_of(text: str, rank: int) -> int | None:
 def _last_error(log: OutputLog, rank: int) -> str:
     error = log.last_rank_error.get(rank)
     return f": {error}" if error else ""
+
+
+def restart_point(checkpoint_dir: Path) -> str:
+    """Which checkpoint a restarted job resumes from, for a stop's reason when no rank confirmed
+    a save: one saved before the stop (at an epoch's end, a moment before it) is not lost work.
+    Picked by job.checkpoint_folders.newest_usable, as the restarted job's rank 0 picks it."""
+    found = newest_usable(checkpoint_dir)
+    if found is None:
+        return f"there is no checkpoint in {checkpoint_dir}: a restarted job starts afresh"
+    folder, state = found
+    where = [f"epoch {state['epochs_done']}"]
+    if isinstance(state.get("step"), int):  # train.resumable's; the trainer counts samples
+        where.append(f"step {state['step']}")
+    try:
+        where.append(f"saved {max(0.0, time.time() - (folder / STATE).stat().st_mtime):.0f} s "
+                     "ago")
+    except OSError:  # pruned or synced away since: the folder is still the one picked
+        pass
+    return f"a restarted job resumes from {folder} ({', '.join(where)})"
 
 
 def relayed(outcome: Outcome, host: str, leader: str) -> Outcome:

@@ -252,8 +252,31 @@ def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
                         and not is_host_own(name)))
 
 
+# What TensorFlow itself takes for "tf.keras is tf_keras" (tensorflow/__init__.py reads
+# TF_USE_LEGACY_KERAS as one of these), and what the launcher sets when the job says nothing.
+LEGACY_KERAS_VALUES, LEGACY_KERAS = ("true", "True", "1"), "1"
+
+
+def keras_backend(launch: LaunchConfig, environ: Mapping[str, str]) -> str | None:
+    """The KERAS_BACKEND of a TensorFlow 2.21 image's ranks, from what the job asked for.
+
+    The job's own value always wins. Else JAX, for `import keras` in a job that asked for no
+    distribution and kept `tf.keras` as tf_keras: Keras 3 trains across hosts only there
+    (keras.distribution), and keras.io's guide needs no setting of its own. Else none, which
+    is TensorFlow's own default: a job that asks for MultiWorkerMirroredStrategy (the SDK's
+    `distribution=`, sagemaker_multi_worker_mirrored_strategy_enabled) or makes `tf.keras`
+    Keras 3 (TF_USE_LEGACY_KERAS=0) runs a TensorFlow program, and JAX under its `tf.keras`
+    trains one model per host while the strategy still reports every host's replicas.
+    """
+    if "KERAS_BACKEND" in environ:
+        return environ["KERAS_BACKEND"]
+    tf_keras_is_keras2 = environ.get("TF_USE_LEGACY_KERAS", LEGACY_KERAS) in LEGACY_KERAS_VALUES
+    return JAX if tf_keras_is_keras2 and not launch.multi_worker_mirrored_strategy else None
+
+
 def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,
-                     environ: Mapping[str, str], data_service: str = "") -> dict[str, str]:
+                     environ: Mapping[str, str], launch: LaunchConfig,
+                     data_service: str = "") -> dict[str, str]:
     env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
            **({DATA_SERVICE_ENV: data_service} if data_service else {}),
            "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
@@ -265,11 +288,11 @@ def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gp
             env[name] = environ[name]
     if rank_job.tf_workers:
         # MultiWorkerMirroredStrategy's model.fit fails under Keras 3, so `tf.keras` means
-        # tf_keras (Keras 2) for these ranks unless the job's environment says otherwise;
-        # `import keras` is Keras 3 either way, on JAX unless the job says otherwise: Keras 3
-        # trains across hosts only there (keras.distribution), and this image has JAX.
-        env["TF_USE_LEGACY_KERAS"] = environ.get("TF_USE_LEGACY_KERAS", "1")
-        env["KERAS_BACKEND"] = environ.get("KERAS_BACKEND", "jax")
+        # tf_keras (Keras 2) for these ranks unless the job's environment says otherwise.
+        env["TF_USE_LEGACY_KERAS"] = environ.get("TF_USE_LEGACY_KERAS", LEGACY_KERAS)
+        backend = keras_backend(launch, environ)
+        if backend:
+            env["KERAS_BACKEND"] = backend
     if gpu_count:
         env["NCCL_DEBUG"] = "WARN"
     else:
@@ -370,7 +393,8 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     defaults = mpirun.default_options(
         hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
         interface=cluster.interface, instance_type=cluster.instance_type,
-        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ, data_service),
+        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ, launch,
+                                  data_service),
         forwarded=forwarded_environment(environ),
         ssh_args=ssh_args)
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
@@ -378,8 +402,8 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     if cluster.is_data_host:
         data_command = (python, "-P", "-m", "train.script_runner", str(script), *args) \
             if settings.program else (python, "-P", "-m", "train.data_service")
-        data_env = {**rank_environment(job, cluster, rank_job, 0, environ, data_service),
-                    DATA_HOST_ENV: cluster.current_host}
+        data_env = {**rank_environment(job, cluster, rank_job, 0, environ, launch,
+                                       data_service), DATA_HOST_ENV: cluster.current_host}
     return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,
                       ignored_hyperparameters=settings.ignored,
                       mpirun=tuple(mpirun.build_argv(options, command)),

@@ -9,7 +9,8 @@ agrees with the other ranks to stop after the current step, saves a checkpoint a
 If the ranks are not done after `stop_grace` seconds, they are asked for their stacks (as the
 watchdog does: where they are stuck is then in the log), and mpirun gets SIGTERM (it kills the
 job) and, 10 s later, SIGKILL. A second SIGTERM skips the wait. The failure file says whether
-a checkpoint was confirmed, and if not, why: the grace ran out, or a rank failed.
+a checkpoint was confirmed, and if not, why (the grace ran out, or a rank failed) and which
+checkpoint a restart resumes from: one saved before the stop is not lost.
 
 Hanging: with a `ProgressWatch` (container.watchdog), a thread checks once a second whether
 the ranks still make progress; when they do not, it asks them for their stacks (SIGUSR2,
@@ -25,9 +26,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
-from container.failure import Outcome, OutputLog, summarize
+from container.failure import Outcome, OutputLog, restart_point, summarize
 from container.lines import WholeLines
 from container.watchdog import STACK_GRACE, ProgressWatch
 from job.protocol import FailureKind, parse_active
@@ -96,9 +98,11 @@ class StopSignals:
 
 def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
                env: dict[str, str] | None = None, watch: ProgressWatch | None = None,
-               abort: threading.Event | None = None) -> Outcome:
+               abort: threading.Event | None = None,
+               checkpoint_dir: Path | None = None) -> Outcome:
     """Run mpirun to the end, echoing its output; the outcome says who failed and why.
-    `abort`, once set, ends it at once (the job failed elsewhere: a data host)."""
+    `abort`, once set, ends it at once (the job failed elsewhere: a data host);
+    `checkpoint_dir`: where a stop's reason looks for the checkpoint a restart resumes from."""
     log, lines = OutputLog(), WholeLines()
 
     def take(line: str) -> None:
@@ -134,24 +138,28 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
     if exit_code == 0 and not stopped:
         return Outcome.success()
     if stopped:
+        detail = stop_detail(log, exit_code, stops, host_of_rank, checkpoint_dir)
         return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
-                              f"stopped, max runtime or spot reclaim); "
-                              f"{stop_detail(log, exit_code, stops, host_of_rank)}")
+                              f"stopped, max runtime or spot reclaim); {detail}")
     return summarize(log, exit_code, host_of_rank)
 
 
 def stop_detail(log: OutputLog, exit_code: int, stops: StopSignals,
-                host_of_rank: Callable[[int], str]) -> str:
-    """What the ranks confirmed they saved after a stop, or why nothing was confirmed."""
+                host_of_rank: Callable[[int], str], checkpoint_dir: Path | None = None) -> str:
+    """What the ranks confirmed they saved after a stop; else why nothing was confirmed, and
+    the checkpoint a restart resumes from (saved before the stop: a script stopped after its
+    `fit` returned, or one whose save failed or outlasted the grace, may still lose nothing)."""
     if log.stopped is not None:
         return log.stopped
     if stops.overdue:
-        return (f"no checkpoint was confirmed within the grace of {stops.grace:g} s, so the "
-                "ranks were killed; their Python stacks are in the log: raise stop_grace if "
-                "saving takes longer")
-    if exit_code != 0 and log.reports:
-        return f"no checkpoint was confirmed: {summarize(log, exit_code, host_of_rank).reason}"
-    return "no checkpoint was confirmed"
+        why = (f"no checkpoint was confirmed within the grace of {stops.grace:g} s, so the "
+               "ranks were killed; their Python stacks are in the log: raise stop_grace if "
+               "saving takes longer")
+    elif exit_code != 0 and log.reports:
+        why = f"no checkpoint was confirmed: {summarize(log, exit_code, host_of_rank).reason}"
+    else:
+        why = "no checkpoint was confirmed at the stop"
+    return why if checkpoint_dir is None else f"{why}; {restart_point(checkpoint_dir)}"
 
 
 def _aborter(process: subprocess.Popen, abort: threading.Event, stops: StopSignals) -> None:

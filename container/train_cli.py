@@ -224,7 +224,7 @@ def supervise(plan: LaunchPlan, paths: MlPaths,
                                  cluster.world_size, plan.stall_check)
         return root_cause(run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
                                      host_of_rank=cluster.host_of_rank, watch=watch,
-                                     abort=abort))
+                                     abort=abort, checkpoint_dir=paths.checkpoint_dir))
 
     return run_with_restarts(attempt, plan.launch.max_restarts, paths.checkpoint_dir,
                              paths.output_data_dir)

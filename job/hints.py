@@ -16,9 +16,9 @@ import re
 HINT_LIMIT = 240  # bytes of a hint
 
 KERAS3_UNDER_MWMS = (
-    "Keras 3 (`import keras`) cannot train under MultiWorkerMirroredStrategy: use `tf.keras` "
-    "(tf_keras) with it, or Keras 3 on JAX (KERAS_BACKEND=jax is set): "
-    "keras.distribution.initialize() and set_distribution(DataParallel())")
+    "Keras 3 cannot train under MultiWorkerMirroredStrategy: use tf_keras with it (`tf.keras` "
+    "with TF_USE_LEGACY_KERAS=1, the default), or Keras 3 on JAX (KERAS_BACKEND=jax) with "
+    "keras.distribution.initialize() and no strategy")
 NO_HOROVOD = (
     "Horovod is only in the default image (`make build`, TensorFlow 2.15); on this TensorFlow "
     "2.21 image synchronise with tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG is set "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -26,28 +25,14 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-
-STATE = "state.json"
-PREFIX = "epoch-"
-_NAME = re.compile(re.escape(PREFIX) + r"(?P<epochs>\d+)(?:\.(?P<again>\d+))?$")
-
-
-def _order(folder: Path) -> tuple[int, int]:
-    found = _NAME.match(folder.name)
-    return int(found["epochs"]), int(found["again"] or 0)
+from job.checkpoint_folders import PREFIX, STATE, complete, is_checkpoint_name, newest_usable, \
+    order
 
 
 class CheckpointStore:
     def __init__(self, directory: Path, keep: int):
         self.directory = directory
         self.keep = keep
-
-    def _complete(self) -> list[Path]:
-        """Folders with a state file, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        return sorted((p for p in self.directory.iterdir()
-                       if _NAME.match(p.name) and (p / STATE).is_file()), key=_order)
 
     def clean_torn(self) -> None:
         for torn in self.directory.glob(".tmp-*"):
@@ -57,8 +42,8 @@ class CheckpointStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         # After the copies of this epoch already there, even once older ones were pruned:
         # a reused lower number would sort as the oldest and be pruned at once.
-        copies = [_order(p)[1] for p in self.directory.iterdir()
-                  if _NAME.match(p.name) and _order(p)[0] == epochs_done]
+        copies = [order(p)[1] for p in self.directory.iterdir()
+                  if is_checkpoint_name(p.name) and order(p)[0] == epochs_done]
         again = max(copies) + 1 if copies else 0
         final = self.directory / (f"{PREFIX}{epochs_done:06d}" + (f".{again}" if again else ""))
         temporary = self.directory / f".tmp-{final.name}-{os.getpid()}"
@@ -66,26 +51,16 @@ class CheckpointStore:
         checkpoint.write(str(temporary / "ckpt"))
         (temporary / STATE).write_text(json.dumps({"epochs_done": epochs_done, **state}))
         os.replace(temporary, final)
-        for old in self._complete()[:-self.keep]:
+        for old in complete(self.directory)[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def resume(self, checkpoint: tf.train.Checkpoint,
                log: Callable[[str], None]) -> tuple[Path, dict] | None:
-        """Restore the newest checkpoint that reads back; (folder, state), or None if none."""
-        for folder in reversed(self._complete()):
-            try:
-                state = json.loads((folder / STATE).read_text())
-                if not isinstance(state, dict) or not isinstance(state.get("epochs_done"), int):
-                    raise ValueError(f"{STATE} has no integer epochs_done")
-                self.restore(checkpoint, folder)
-                return folder, state
-            except Exception as error:  # TensorFlow reports a torn file as IndexError,
-                # DataLossError, NotFoundError or AssertionError, depending on what is missing
-                reason = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
-                log(f"skipped checkpoint {folder}, it cannot be read back ({reason}); "
-                    f"trying an older one")
-        return None
+        """Restore the newest checkpoint that reads back; (folder, state), or None if none.
+        The pick is job.checkpoint_folders', the one the launcher names after a stop."""
+        return newest_usable(self.directory, lambda folder: self.restore(checkpoint, folder),
+                             log)
 
     @staticmethod
     def restore(checkpoint: tf.train.Checkpoint, folder: Path) -> None:

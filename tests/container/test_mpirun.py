@@ -266,6 +266,43 @@ def test_the_jobs_own_keras_backend_wins(tmp_path):
     assert "KERAS_BACKEND=tensorflow" in the_plan.mpirun
 
 
+def keras_settings(the_plan):
+    """The Keras variables the plan sets for every rank (`-x NAME=VALUE`, in order)."""
+    tokens = the_plan.mpirun
+    return [value for index, value in enumerate(tokens) if index and tokens[index - 1] == "-x"
+            and value.startswith(("KERAS_BACKEND=", "TF_USE_LEGACY_KERAS="))]
+
+
+MWMS = {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}
+
+
+@pytest.mark.parametrize("hyperparameters, environ, settings", [
+    # nothing asked for, tf.keras kept as tf_keras: `import keras` is Keras 3 on JAX
+    ({}, {}, ["TF_USE_LEGACY_KERAS=1", "KERAS_BACKEND=jax"]),
+    # the SDK's distribution={"multi_worker_mirrored_strategy": ...}: a TensorFlow program
+    (MWMS, {}, ["TF_USE_LEGACY_KERAS=1"]),
+    # ... whose tf.keras the job made Keras 3 (stock TensorFlow 2.21): Keras 3 on TensorFlow
+    (MWMS, {"TF_USE_LEGACY_KERAS": "0"}, ["TF_USE_LEGACY_KERAS=0"]),
+    ({"multi_worker_mirrored_strategy": True}, {"TF_USE_LEGACY_KERAS": "false"},
+     ["TF_USE_LEGACY_KERAS=false"]),
+    # no distribution asked for, but tf.keras made Keras 3: still TensorFlow's Keras
+    ({}, {"TF_USE_LEGACY_KERAS": "0"}, ["TF_USE_LEGACY_KERAS=0"]),
+    ({}, {"TF_USE_LEGACY_KERAS": "True"}, ["TF_USE_LEGACY_KERAS=True", "KERAS_BACKEND=jax"]),
+    # the job's own KERAS_BACKEND wins, whatever it asked for
+    (MWMS, {"TF_USE_LEGACY_KERAS": "0", "KERAS_BACKEND": "jax"},
+     ["TF_USE_LEGACY_KERAS=0", "KERAS_BACKEND=jax"]),
+    ({}, {"KERAS_BACKEND": "torch"}, ["TF_USE_LEGACY_KERAS=1", "KERAS_BACKEND=torch"]),
+])
+def test_a_tensorflow_program_keeps_tensorflows_keras(tmp_path, hyperparameters, environ,
+                                                      settings):
+    """The Keras backend follows what the job asked for: a job that asks for
+    MultiWorkerMirroredStrategy or makes `tf.keras` Keras 3 runs a TensorFlow program, and
+    KERAS_BACKEND=jax under its `tf.keras` had each host train its own model on JAX while the
+    strategy reported every host's replicas (and every host exited 0)."""
+    the_plan = tf_plan(tmp_path, hyperparameters, environ={**ENV, **environ})
+    assert keras_settings(the_plan) == settings
+
+
 def test_several_workers_on_a_host_take_the_next_ports(tmp_path):
     the_plan = tf_plan(tmp_path, {"processes_per_host": 2, "tf_worker_port": 9000})
     assert the_plan.job.tf_workers == ("algo-1:9000", "algo-1:9001", "algo-2:9000", "algo-2:9001")

@@ -2,6 +2,7 @@
 a script stopped like a spot interruption and run again resumes where it stood."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -134,6 +135,34 @@ def test_fit_stopped_mid_epoch_resumes_that_epoch_with_its_weights(make_script_j
     assert json.loads((root / "output" / "data" / "epochs.json").read_text()) == [1, 2, 3]
 
 
+# FIT's shape, 2 epochs, stopped after `fit` returned (the script exports its model then): the
+# checkpoint of epoch 2's end is what a restart uses, though no rank saved at the stop.
+STOPPED_AFTER_FIT = FIT.replace("epochs=4", "epochs=2") + '''
+print("fit returned, exporting", flush=True)
+if start.folder is None:  # an export that outlasts the stop (the rerun has nothing to wait for)
+    from train.rank import StopRequest
+    StopRequest.event.wait(120)
+'''
+
+
+def test_a_stop_after_the_last_epochs_checkpoint_names_it_as_the_restart_point(make_script_job):
+    """Not "no checkpoint was confirmed" alone: the failure file names the checkpoint the rerun
+    resumes from, picked as the rerun's rank 0 picks it."""
+    root = make_script_job("fit.py", {"processes_per_host": 2}, STOPPED_AFTER_FIT)
+    output = stop_job(root, "[1,0]<stdout>:fit returned")
+    folder = root / "checkpoints" / "epoch-000002"
+    assert folder.is_dir(), output[-3000:]
+    reason = failure_of(root)
+    assert reason.startswith("training was stopped by a signal"), reason
+    assert re.search(rf"; no checkpoint was confirmed at the stop; a restarted job resumes from "
+                     rf"{re.escape(str(folder))} \(epoch 2, step \d+, saved \d+ s ago\)$",
+                     reason), reason
+    again = run_train(root)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"checkpoints: resumed from {folder} (epoch 2," in again.stdout, again.stdout[-3000:]
+    assert again.stdout.count("initial_epoch 2") == 2, again.stdout[-3000:]  # both ranks
+
+
 BAD_MODELS = """
 import sys
 import tensorflow as tf
@@ -188,7 +217,8 @@ def test_a_stop_whose_save_outlasts_the_grace_says_so_and_shows_where_it_was(mak
     output = stop_job(root, "[1,0]<stdout>:uploading")
     assert failure_of(root).endswith(
         "no checkpoint was confirmed within the grace of 3 s, so the ranks were killed; their "
-        "Python stacks are in the log: raise stop_grace if saving takes longer"), output[-3000:]
+        "Python stacks are in the log: raise stop_grace if saving takes longer; there is no "
+        f"checkpoint in {root / 'checkpoints'}: a restarted job starts afresh"), output[-3000:]
     assert "the ranks did not stop within the grace of 3 s; asking every rank" in output
     assert "in upload_to_a_store_that_stopped_answering" in output, output[-3000:]
 
