@@ -11,9 +11,10 @@ from hyperparameters.json again.
 
 Every process is also told its place among the job's processes for Keras 3 and JAX
 (job.rank_job.Processes), so a script written from Keras's distribution guide joins the job with
-no setting of its own; one whose JAX ran with fewer processes than the job has (its
-`keras.distribution.initialize()` failed, hidden by the guide's try/except, or never ran)
-trained one model per process, and the leader's rank says so (job.notices).
+no setting of its own. A script whose processes are known to have trained one model each (its
+JAX ran with fewer processes than the job has, or a one-host MirroredStrategy ran in several)
+fails the job, naming the fix; one that synchronised them with nothing this image knows is
+warned about (train.apart).
 
 The user's modules win over ours: `train.py`, `job.py` or a `serve/` package beside the script
 is what `import train` gives the script, even though this runner already imported our packages
@@ -28,6 +29,7 @@ import sys
 from pathlib import Path
 
 from job import notices
+from train import apart
 from job.sagemaker_config import read_channels, read_resources, resource_document
 from train.rank import RankContext, run_rank
 from job.rank_job import DATA_HOST_ENV, RankJob, read_rank_job
@@ -105,35 +107,22 @@ def main(context: RankContext) -> None:
     sys.path.insert(0, str(script.parent))
     release(shadowed(script))
     runpy.run_path(str(script), run_name="__main__")
-    alone = None if data_host else trained_alone(context.world_size, jax_processes())
-    if alone and context.is_leader:
-        notices.warn(context.paths, ALONE_FILE, alone, f"rank {context.rank}")
+    if not data_host:
+        check_trained_together(context, mwms=bool(job.tf_workers))
 
 
-ALONE_FILE = "WARNING-trained-alone.txt"
+APART_FILE = "WARNING-trained-apart.txt"
 
 
-def jax_processes() -> int | None:
-    """How many processes the script's JAX (Keras 3's backend on this image) ran with; None
-    when the script never imported JAX."""
-    if "jax" not in sys.modules:
-        return None
-    import jax
-
-    return jax.process_count()
-
-
-def trained_alone(world_size: int, joined: int | None) -> str | None:
-    """What to say when a script of a job of `world_size` processes ran JAX with `joined`
-    of them: Keras's guide wraps `keras.distribution.initialize()` in try/except, so a failed
-    start (or none) goes on to train one model per host, and nothing else would say so."""
-    if joined is None or joined == world_size:
-        return None
-    return (f"this job has {world_size} processes, but the script's JAX ran with {joined}: "
-            "each process trained on its own, and the model is one process's. Call "
-            "keras.distribution.initialize() with no arguments (the launcher sets "
-            "KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and _PROCESS_ID for every process) "
-            "before building the model, and do not hide its error")
+def check_trained_together(context: RankContext, mwms: bool) -> None:
+    """Fail this rank (TrainedApart, exit code 2 for the job) when the script's processes are
+    known to have trained one model each; warn, on the leader, when they synchronised through
+    nothing this image knows. Every rank decides alike: each sees the same stacks."""
+    said = apart.verdict(context.world_size, apart.observe(), mwms)
+    if said and said.fails:
+        raise apart.TrainedApart(said.text)
+    if said and context.is_leader:
+        notices.warn(context.paths, APART_FILE, said.text, f"rank {context.rank}")
 
 
 if __name__ == "__main__":
