@@ -81,9 +81,9 @@ def verdict(world_size: int, joined: Joined, mwms: bool) -> Verdict | None:
                 f"this job has {world_size} processes and the script's "
                 f"MultiWorkerMirroredStrategy spans {joined.tf_workers} workers, but its Keras "
                 f"ran on JAX with {joined.jax}: the strategy does not drive JAX, and each "
-                "process trained its own model. Remove KERAS_BACKEND=jax from the job's "
-                "environment (tf.keras then runs on TensorFlow), or drop the strategy and "
-                + INITIALIZE, fails=True)
+                "process trained its own model. Build the model with tf.keras as tf_keras "
+                "(TF_USE_LEGACY_KERAS=1, the default) under the strategy, or drop the "
+                "strategy and " + INITIALIZE, fails=True)
         return Verdict(f"this job has {world_size} processes, but the script's JAX ran with "
                        f"{joined.jax}: each process trained its own model. " +
                        INITIALIZE[0].upper() + INITIALIZE[1:], fails=True)
@@ -150,6 +150,8 @@ def _tensorflow_gauges() -> tuple[str | None, int | None]:
 
 
 def _horovod_size() -> int | None:
+    """Horovod's ranks while it is initialised (a script that shut it down is not seen: only
+    the warning, or a MirroredStrategy beside it, would then speak wrongly)."""
     horovod = sys.modules.get("horovod.tensorflow")
     try:
         return horovod.size() if horovod and horovod.is_initialized() else None
