@@ -15,6 +15,7 @@ from job.paths import MlPaths
 from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
 from scripts.digits_files import write_digits
+from tests import fuzzing
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).with_name("train")
@@ -50,6 +51,27 @@ def pytest_collection_modifyitems(items):
     """The long files first, in LONG_FILES' order; the rest as collected."""
     rank = {name: index for index, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A fuzz test's inputs (tests.fuzzing) go into its report, which xdist carries home."""
+    outcome = yield
+    if call.when == "call":
+        outcome.get_result().user_properties.extend(fuzzing.take_counts())
+
+
+FUZZ_TALLY = fuzzing.Tally()
+
+
+def pytest_runtest_logreport(report):
+    FUZZ_TALLY.add(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`fuzz: PARSER: N inputs tried, F failures` for each parser fuzzed in this session."""
+    for line in FUZZ_TALLY.lines():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
