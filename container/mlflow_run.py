@@ -6,8 +6,12 @@ model's location) and a user's script (`mlflow.start_run()` joins the run named 
 MLFLOW_RUN_ID, which every rank gets). The launcher owns its start and end because only it
 sees the whole job: the parameters it validated, the hosts, every restart, and an outcome a
 dead rank could not report (FAILED with the job's failure reason, KILLED when stopped).
-A server that cannot be reached is a warning (job.notices), never the job's failure: the
-metrics are still in the log and in output/data.
+Tracking is optional: whatever goes wrong with it (a server that cannot be reached or refuses,
+an answer without what it should hold, no credentials, a token that cannot be read) is a
+warning (job.notices: the log and output/data/WARNING-mlflow.txt), never the job's failure:
+the metrics are still in the log and in output/data. A token kept in Secrets Manager
+(MLFLOW_TRACKING_TOKEN_SECRET_ARN) is read here, once, with the job's role, and handed to the
+ranks in mpirun's environment, by name: its value is in no command line and no log.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from container.plan import IMAGES, LaunchPlan
 from job import notices
 from job.paths import MlPaths
 from job.protocol import FailureKind
-from job.tracking import RunLogger, Tracking, TrackingError, experiment_id, start_run
+from job.tracking import (FLUSH_SECONDS, WARNING_FILE, RunLogger, Tracking, experiment_id,
+                          failure_text, read_token, start_run)
 
-WARNING_FILE = "WARNING-mlflow.txt"
 FAILURE_TAG_LIMIT = 5000  # characters of the failure reason kept in a tag
 
 
@@ -48,31 +52,42 @@ def run_params(hyperparameters: Mapping[str, Any], plan: LaunchPlan) -> dict[str
 
 
 def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping[str, str],
-          stack: str, paths: MlPaths) -> tuple[RunLogger | None, dict[str, str]]:
+          stack: str, paths: MlPaths) -> tuple[RunLogger | None, dict[str, str], dict[str, str]]:
     """On the leader, when the job names a tracking server: the job's run, started, with its
-    parameters and tags, and the variables that tell every rank about it; else (None, {})."""
-    tracking = Tracking.from_environment(environ)
+    parameters and tags; the variables that tell every rank about it; and the token read from
+    Secrets Manager with the job's role, for the ranks' environment, never their command
+    line. Else (None, {}, {}), with a warning when tracking failed."""
+    tracking = Tracking.from_environment(environ)  # a malformed ARN: the job's config error
     if tracking is None or not plan.cluster.is_leader:
-        return None, {}
+        return None, {}, {}
+
+    def warn(text: str) -> None:
+        notices.warn(paths, WARNING_FILE, text, "launcher", append=True)
     try:
+        secret = {}
+        if tracking.token_secret:
+            secret["MLFLOW_TRACKING_TOKEN"] = read_token(tracking.token_secret)
+            tracking = tracking.with_token(secret["MLFLOW_TRACKING_TOKEN"])
+        if tracking.plain_http_warning():
+            warn(tracking.plain_http_warning())
         experiment = experiment_id(tracking, environ)
         run_id = environ.get("MLFLOW_RUN_ID") or start_run(
             tracking, experiment, environ.get("MLFLOW_RUN_NAME") or
             environ.get("TRAINING_JOB_NAME", ""))
-    except TrackingError as error:
-        notices.warn(paths, WARNING_FILE, f"MLflow: {error}; this job is not tracked (its "
-                     "metrics are in the log and in output/data)", "launcher")
-        return None, {}
+    except Exception as error:  # any failure of tracking, expected or not: a warning
+        warn(f"MLflow: {failure_text(error)}; this job is not tracked (its metrics are in "
+             "the log and in output/data)")
+        return None, {}, {}
     print(f"launcher: MLflow run {run_id} in experiment {experiment} at {tracking.endpoint}",
           flush=True)
-    run = RunLogger(tracking, run_id, lambda text: notices.warn(
-        paths, WARNING_FILE, text, "launcher"))
+    run = RunLogger(tracking, run_id, warn)
     run.log(params=run_params(hyperparameters, plan), tags=run_tags(plan, environ, stack))
-    return run, {"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment}
+    return run, {"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment}, secret
 
 
-def end(run: RunLogger | None, outcome: Outcome) -> None:
-    """The run's status from the job's outcome; a failure's exit code and reason as tags."""
+def end(run: RunLogger | None, outcome: Outcome, seconds: float = FLUSH_SECONDS) -> None:
+    """The run's status from the job's outcome; a failure's exit code and reason as tags;
+    sent within `seconds`, whatever the server does."""
     if run is None:
         return
     if outcome.exit_code:
@@ -80,3 +95,4 @@ def end(run: RunLogger | None, outcome: Outcome) -> None:
                       "failure_reason": outcome.reason[:FAILURE_TAG_LIMIT]})
     run.end("FINISHED" if outcome.exit_code == 0 else
             "KILLED" if outcome.kind == FailureKind.STOPPED else "FAILED")
+    run.close(seconds)

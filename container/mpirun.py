@@ -134,8 +134,12 @@ def build_argv(options: list[Option], rank_command: list[str]) -> list[str]:
     return ["mpirun", *(token for option in options for token in option.tokens), *rank_command]
 
 
-def with_environment(argv: tuple[str, ...], env: Mapping[str, str]) -> tuple[str, ...]:
-    """`argv` with every rank given `env` too: values known only once the job has started
-    (its MLflow run), not when its plan was made."""
+def with_environment(argv: tuple[str, ...], env: Mapping[str, str],
+                     forwarded: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """`argv` with every rank given `env` too, and mpirun's own value of each `forwarded`
+    name (a secret, which the command line must not hold): values known only once the job
+    has started (its MLflow run, a token read from Secrets Manager), not when its plan was
+    made."""
     return (argv[0], *(token for name, value in env.items() for token in
-                       ("-x", f"{name}={value}")), *argv[1:])
+                       ("-x", f"{name}={value}")),
+            *(token for name in forwarded for token in ("-x", name)), *argv[1:])

@@ -125,9 +125,11 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
         log_plan(plan)
-        run, run_env = mlflow_run.begin(plan, job.hyperparameters, os.environ,
-                                        installed_stack(), paths)
-        plan = dataclasses.replace(plan, mpirun=mpirun.with_environment(plan.mpirun, run_env))
+        run, run_env, secret_env = mlflow_run.begin(plan, job.hyperparameters, os.environ,
+                                                    installed_stack(), paths)
+        os.environ.update(secret_env)  # mpirun's environment: its ranks', not its command's
+        plan = dataclasses.replace(plan, mpirun=mpirun.with_environment(
+            plan.mpirun, run_env, forwarded=tuple(secret_env)))
         started = time.time()
         outcome = execute(plan, runtime, paths)
         if outcome.exit_code == 0 and plan.job.program and plan.cluster.is_leader:

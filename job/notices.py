@@ -14,14 +14,16 @@ import sys
 from job.paths import MlPaths
 
 
-def warn(paths: MlPaths, file_name: str, text: str, speaker: str) -> None:
-    """Say `text` in the log and in output/data/`file_name`; a file system that cannot be
-    written loses only the file."""
+def warn(paths: MlPaths, file_name: str, text: str, speaker: str, append: bool = False) -> None:
+    """Say `text` in the log and in output/data/`file_name` (added to what it holds with
+    `append`: a topic that several processes warn of, as MLflow's launcher and trainer); a
+    file system that cannot be written loses only the file."""
     print(f"{speaker}: WARNING: {text}", file=sys.stderr, flush=True)
     target = paths.output_data_dir / file_name
     try:
         paths.output_data_dir.mkdir(parents=True, exist_ok=True)
-        target.write_text(text + "\n", encoding="utf-8")
+        with target.open("a" if append else "w", encoding="utf-8") as file:
+            file.write(text + "\n")
     except OSError as error:
         print(f"{speaker}: cannot write {target}: {error.strerror or error}", file=sys.stderr,
               flush=True)

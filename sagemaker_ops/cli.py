@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from job.errors import ConfigError
-from job.tracking import Tracking
+from job.tracking import SECRET_VARIABLE, Tracking
 
 from . import aws
 from . import builders as b
@@ -38,6 +38,12 @@ Follow = tuple[aws.Watched, str, float]      # what to follow, its name, default
 DescribeJob = Callable[[str], dict[str, Any]]
 FOLLOW_SLACK_SECONDS = 2 * 3600  # provisioning, download and upload around the run itself
 _CHANNEL_KEY = re.compile(r"[A-Za-z0-9.\-_]+")
+# Variables whose values are secrets, by their names (MLFLOW_TRACKING_TOKEN,
+# AWS_SECRET_ACCESS_KEY, a user's API_KEY ...); an ARN naming a secret is not one.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|"
+                         r"PRIVATE_KEY", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.\-]*://[^/@:]*:)[^/@]*@", re.IGNORECASE)
+MASK = "****"
 
 
 @dataclass(frozen=True)
@@ -112,11 +118,11 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
     environment = _pairs(args.env, "--env")
     if args.mlflow:  # MLflow's own variables, which the launcher and scripts read
         environment["MLFLOW_TRACKING_URI"] = args.mlflow
-        if Tracking.from_environment(environment) is None:
-            raise ConfigError(f"--mlflow {args.mlflow!r}: give an http(s):// tracking server "
-                              "or a SageMaker managed MLflow server's ARN")
     if args.mlflow_experiment:
         environment["MLFLOW_EXPERIMENT_NAME"] = args.mlflow_experiment
+    if args.mlflow_token_secret:
+        environment[SECRET_VARIABLE] = args.mlflow_token_secret
+    _check_tracking(environment, given_uri=bool(args.mlflow))
     if args.train_groups:
         hyperparameters["sagemaker_distribution_instance_groups"] = json.dumps(
             [name.strip() for name in args.train_groups.split(",") if name.strip()])
@@ -134,6 +140,24 @@ def training_job_from_args(args: argparse.Namespace) -> b.TrainingJob:
         tags=_pairs(args.tag, "--tag"),
         encrypt_inter_container_traffic=args.encrypt_inter_container_traffic,
         keep_alive_seconds=args.keep_alive, tensorboard_s3_uri=args.tensorboard_s3 or "")
+
+
+def _check_tracking(environment: dict[str, str], given_uri: bool) -> None:
+    """Refuse a tracking server the job could not use; warn of credentials that would be
+    seen: in the job's Environment (DescribeTrainingJob shows it to anyone allowed to
+    describe jobs) or on the way (plain http to another host)."""
+    tracking = Tracking.from_environment(environment) \
+        if "MLFLOW_TRACKING_URI" in environment else None
+    if given_uri and tracking is None:
+        raise ConfigError(f"--mlflow {environment['MLFLOW_TRACKING_URI']!r}: give an http(s):// "
+                          "tracking server or a SageMaker managed MLflow server's ARN")
+    for name in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"):
+        if environment.get(name):
+            print(f"warning: {name} in the job's Environment is shown by DescribeTrainingJob "
+                  "to anyone allowed to describe jobs: store it in Secrets Manager and give "
+                  "--mlflow-token-secret ARN instead", file=sys.stderr)
+    if tracking is not None and tracking.plain_http_warning():
+        print(f"warning: {tracking.plain_http_warning()}", file=sys.stderr)
 
 
 def _instance_group(text: str) -> tuple[str, str, int]:
@@ -289,6 +313,10 @@ def parser() -> argparse.ArgumentParser:
                        "an http(s):// URL or a SageMaker managed MLflow server's ARN")
     train.add_argument("--mlflow-experiment", metavar="NAME",
                        help="the MLflow experiment (MLFLOW_EXPERIMENT_NAME; made when missing)")
+    train.add_argument("--mlflow-token-secret", metavar="SECRET_ARN",
+                       help=f"a Secrets Manager secret holding the MLflow token ({SECRET_VARIABLE}"
+                       "; the job's role reads it at start): unlike MLFLOW_TRACKING_TOKEN, "
+                       "kept out of the job's description")
     train.add_argument("--tag", action="append", metavar="KEY=VALUE")
     train.add_argument("--encrypt-inter-container-traffic", action="store_true",
                        help="SageMaker encrypts the traffic between the job's instances "
@@ -389,11 +417,22 @@ class _Clients:
         return aws.call(self.pair()[0], "DescribeTrainingJob", {"TrainingJobName": name})
 
 
+def masked(request: dict[str, Any]) -> dict[str, Any]:
+    """The request as printed: the values of its Environment's secrets (a token, a password,
+    a key) and the password of a URL replaced by MASK; what is sent is not masked."""
+    environment = request.get("Environment")
+    if not environment:
+        return request
+    return {**request, "Environment": {
+        name: MASK if SECRET_NAME.search(name) and not name.endswith("_ARN")
+        else _URL_PASSWORD.sub(rf"\1{MASK}@", value) for name, value in environment.items()}}
+
+
 def deliver(plan: Plan, follow: Follow | None, delivery: Delivery, clients: _Clients,
             out: Callable[[str], None] = print) -> int:
     """Print the plan (dry run), or send it in order and follow what it started."""
     if delivery.dry_run:
-        out(json.dumps([{"operation": op, "request": request} for op, request in plan],
+        out(json.dumps([{"operation": op, "request": masked(request)} for op, request in plan],
                        indent=2))
         return 0
     sagemaker, logs = clients.pair()

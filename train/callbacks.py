@@ -60,8 +60,9 @@ class StepCount(keras.callbacks.Callback):
 
 class EpochReport(keras.callbacks.Callback):
     """Rank 0 prints one METRICS line per epoch (averaged over ranks: train.sync) and logs
-    it to the job's MLflow run when there is one (`run`, rank 0's only); the epoch a resumed
-    job continues reports the steps it ran after the resume."""
+    it to the job's MLflow run when there is one (`run`, rank 0's only: queued for its own
+    thread, so the other ranks never wait in the next allreduce for the server); the epoch a
+    resumed job continues reports the steps it ran after the resume."""
 
     def __init__(self, samples_per_step: int, learning_rate: Callable[[], float],
                  history: dict[str, list[float]], run: RunLogger | None = None):

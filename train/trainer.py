@@ -33,7 +33,8 @@ from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
 from job.rank_job import DATA_SERVICE_ENV
 from job.trainer_config import TrainerConfig
-from job.tracking import RunLogger
+from job import notices
+from job.tracking import FLUSH_SECONDS, WARNING_FILE, RunLogger
 from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
                           use_mixed_precision)
 from train.pipeline import (Source, Table, evaluation_input, label_lookup, moments,
@@ -178,7 +179,23 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
           tf_workers: tuple[str, ...] = ()) -> None:
     """Train with the config and batch plan that the launcher validated (job.rank_job): Keras 3
     on JAX for backend=jax, else over MultiWorkerMirroredStrategy when it planned
-    `tf_workers`, else Horovod."""
+    `tf_workers`, else Horovod. Rank 0 logs to the job's MLflow run, if any, from a thread of
+    its own (job.tracking.RunLogger) and waits for it a bounded time at the end: at most
+    FLUSH_SECONDS after training, not at all after a failure."""
+    run = RunLogger.of_environment(os.environ, lambda text: notices.warn(
+        context.paths, WARNING_FILE, text, "trainer", append=True)) \
+        if MPI.COMM_WORLD.Get_rank() == 0 else None
+    trained = False
+    try:
+        _train(context, config, plan, tf_workers, run)
+        trained = True
+    finally:
+        if run:
+            run.close(FLUSH_SECONDS if trained else 0)
+
+
+def _train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
+           tf_workers: tuple[str, ...], run: RunLogger | None) -> None:
     sync = synchronise(config.backend, tf_workers, context.local_size, config.fp16_allreduce)
     if sync.size != plan.world_size:
         raise PlatformError(f"{sync.name} sees {sync.size} ranks but the launcher planned "
@@ -271,7 +288,6 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
 
     # at an optimizer step: a stop, or a checkpoint inside the epoch when one is due
     stop = StopOnRequest(batches_per_step, cadence, save)
-    run = RunLogger.of_environment(os.environ, say) if sync.rank == 0 else None
     report = EpochReport(plan.global_batch // batches_per_step,
                          lambda: float(schedule(local_value(optimizer.iterations))), history, run)
     callbacks = [*sync.callbacks(),  # distributed: average epoch metrics

@@ -335,3 +335,59 @@ def test_cli_refuses_a_tracking_uri_the_job_could_not_use(capsys, no_clients, ur
                             "--dry-run"], make_clients=no_clients) == 2
     refusal = capsys.readouterr().err
     assert message in refusal and "nothing was sent" in refusal
+
+
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:mlflow-token-AbCdEf"
+
+
+def test_cli_keeps_the_mlflow_token_in_secrets_manager(capsys, no_clients):
+    """--mlflow-token-secret: the job's Environment names the secret; nothing to warn of."""
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--mlflow",
+                            "https://mlflow.example.com", "--mlflow-token-secret", SECRET_ARN,
+                            "--dry-run"], make_clients=no_clients) == 0
+    printed = capsys.readouterr()
+    [step] = json.loads(printed.out)
+    botocore_accepts("CreateTrainingJob", step["request"])
+    assert step["request"]["Environment"] == {
+        "MLFLOW_TRACKING_URI": "https://mlflow.example.com",
+        "MLFLOW_TRACKING_TOKEN_SECRET_ARN": SECRET_ARN}
+    assert printed.err == ""
+
+
+def test_cli_masks_secrets_in_what_it_prints_and_warns_of_a_token_in_the_environment(
+        capsys, no_clients):
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/",
+                            "--mlflow", "http://me:pa55@mlflow.example.com:5000",
+                            "--env", "MLFLOW_TRACKING_TOKEN=tok-123",
+                            "--env", "AWS_SECRET_ACCESS_KEY=key-456", "--env", "EPOCHS=3",
+                            "--dry-run"], make_clients=no_clients) == 0
+    printed = capsys.readouterr()
+    for secret in ("tok-123", "key-456", "pa55"):
+        assert secret not in printed.out and secret not in printed.err
+    [step] = json.loads(printed.out)
+    assert step["request"]["Environment"] == {
+        "MLFLOW_TRACKING_TOKEN": "****", "AWS_SECRET_ACCESS_KEY": "****", "EPOCHS": "3",
+        "MLFLOW_TRACKING_URI": "http://me:****@mlflow.example.com:5000"}
+    assert "warning: MLFLOW_TRACKING_TOKEN in the job's Environment is shown by " \
+        "DescribeTrainingJob" in printed.err and "--mlflow-token-secret ARN" in printed.err
+    assert "warning: MLflow: credentials go over plain http to mlflow.example.com" in printed.err
+
+
+def test_what_is_sent_is_not_masked(stubbed):
+    sagemaker, logs, sm_stub, _ = stubbed
+    plan, _ = cli.train_plan(cli.parser().parse_args(
+        ARGS + ["--channel", "train=s3://my-bucket/t/", "--env", "MLFLOW_TRACKING_TOKEN=tok-1"]),
+        lambda name: {})
+    [(_, request)] = plan
+    assert request["Environment"] == {"MLFLOW_TRACKING_TOKEN": "tok-1"}
+    sm_stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-"
+                                                 "1:123456789012:training-job/j"}, request)
+    assert cli.deliver(plan, None, cli.Delivery(), cli._Clients(lambda: (sagemaker, logs)),
+                       out=lambda line: None) == 0
+
+
+def test_cli_refuses_a_token_secret_that_is_no_secret_arn(capsys, no_clients):
+    assert cli.main(ARGS + ["--channel", "train=s3://my-bucket/t/", "--mlflow",
+                            "https://mlflow.example.com", "--mlflow-token-secret", "my-token",
+                            "--dry-run"], make_clients=no_clients) == 2
+    assert "is not the ARN of a Secrets Manager secret" in capsys.readouterr().err
