@@ -203,7 +203,11 @@ def _read_body(config: ServeConfig, deadline: float) -> bytes:
 
 
 def _drain_body() -> None:
-    """Read and drop what is left of the request body, up to DRAIN_LIMIT_BYTES."""
+    """Read and drop what is left of the request body, up to DRAIN_LIMIT_BYTES; nothing when
+    it declares more (it would be cut off anyway, and a client declaring, say, 10^30 bytes
+    would otherwise hold the thread until its deadline)."""
+    if (request.content_length or 0) > DRAIN_LIMIT_BYTES:
+        return
     stream = request.environ["wsgi.input"]
     remaining = DRAIN_LIMIT_BYTES
     while remaining > 0:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import os
 import re
@@ -68,6 +69,13 @@ _WATCHED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 _ENDED = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR  # the client sends no more
 _CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]+")
 _FIRST_COMPACTION = 1024  # deadline entries before the first clean-up of spent ones
+# A Content-Length of more digits is larger than any body a client sends (10^18 bytes), so
+# waiting for it is pointless, and int() refuses a string of more than 4300 digits
+# (sys.get_int_max_str_digits): such a request goes to a thread at once, where gunicorn answers
+# 400 to a length it cannot read and the app 413 to one over the payload limit.
+MAX_LENGTH_DIGITS = 18
+
+log = logging.getLogger(__name__)
 
 
 class Verdict(Enum):
@@ -99,7 +107,7 @@ def verdict(data: bytes) -> Verdict:
         return chunked_verdict(body) if chunked else Verdict.STREAM
     if not lengths:
         return Verdict.WHOLE
-    if len(lengths) > 1 or not lengths[0].isdigit():
+    if len(lengths) > 1 or not lengths[0].isdigit() or len(lengths[0]) > MAX_LENGTH_DIGITS:
         return Verdict.STREAM
     return Verdict.WHOLE if len(body) >= int(lengths[0]) else Verdict.WAIT
 
@@ -188,6 +196,7 @@ class _Request:
     arrived: float | None  # its first byte; None while the connection is idle
     future: Future = field(default_factory=Future)
     waiting: bool = False  # in the watcher, on no thread
+    fd: int = -1  # its file descriptor while it waits (the socket may be closed by then)
     cut_at_deadline: bool = False  # on a thread, its reading side to be shut at the deadline
 
     @property
@@ -224,8 +233,8 @@ class IntakePool(ThreadPoolExecutor):
         conn = args[0] if len(args) == 1 and not kwargs else None
         if not isinstance(getattr(conn, "sock", None), socket.socket):
             return super().submit(fn, *args, **kwargs)
-        data, now = received(conn), time.monotonic()
-        found = Verdict.WAIT if data is None else verdict(data[:PEEK_BYTES])
+        data, found = _look(conn)
+        now = time.monotonic()
         if found is Verdict.WHOLE:
             return super().submit(fn, conn)
         if data is None:
@@ -244,11 +253,11 @@ class IntakePool(ThreadPoolExecutor):
         super().shutdown(wait, cancel_futures=cancel_futures)
 
     def _wait(self, request: _Request) -> None:
-        request.waiting = True
+        request.waiting, request.fd = True, request.sock.fileno()
         with self._lock:
-            self._waiting[request.sock.fileno()] = request
+            self._waiting[request.fd] = request
             self._add_deadline(request)
-        self._epoll.register(request.sock.fileno(), _WATCHED)
+        self._epoll.register(request.fd, _WATCHED)
 
     def _add_deadline(self, request: _Request) -> None:
         """Under the lock: the watcher (started on the first deadline, from the worker's main
@@ -290,19 +299,44 @@ class IntakePool(ThreadPoolExecutor):
                 if fd == self._wake:
                     os.eventfd_read(self._wake)
                 elif (request := self._waiting.get(fd)) is not None:
-                    self._look_again(request, now, ended=bool(mask & _ENDED))
+                    self._safely(request, self._look_again, request, now,
+                                 ended=bool(mask & _ENDED))
             self._expire(now)
+
+    def _safely(self, request: _Request, action: Callable[..., None], *args: Any,
+                **kwargs: Any) -> None:
+        """Run the watcher's `action` on one connection. Whatever it raises is logged and
+        costs that connection its wait, never the watcher: every waiting request needs the
+        watcher for its deadline, and without it a request that arrived in pieces would wait
+        for ever while `/ping` still answered. A connection still waiting then goes to a
+        thread, which reads it as it comes, cut at its deadline."""
+        try:
+            action(*args, **kwargs)
+        except Exception:
+            log.exception("the intake failed on a connection; a thread reads it as it comes")
+            if not request.waiting:
+                return
+            try:
+                self._stop_waiting(request)
+                self._hand_over(request, cut_at_deadline=True)
+            except Exception as error:  # gthread closes a connection whose future failed
+                log.exception("the intake could not give the connection a thread; it is closed")
+                request.waiting = False
+                _shut_reading(request.sock)
+                if not request.future.done():
+                    request.future.set_exception(error)
 
     def _look_again(self, request: _Request, now: float, ended: bool) -> None:
         """Bytes have arrived for `request`, or with `ended` the client will send no more."""
-        data = received(request.conn)
+        data, found = _look(request.conn)
         if data is None:
             return
         if request.arrived is None:  # an idle connection's first byte: its request begins
             request.arrived, request.deadline = now, now + self._request_timeout_s
             with self._lock:
                 self._add_deadline(request)
-        found = Verdict.WHOLE if ended else verdict(data[:PEEK_BYTES])  # ended: no read waits
+        if ended:
+            found = Verdict.WHOLE  # no read waits
         if found is not Verdict.WAIT:
             self._stop_waiting(request)
             self._hand_over(request, cut_at_deadline=found is Verdict.STREAM)
@@ -315,16 +349,36 @@ class IntakePool(ThreadPoolExecutor):
                 deadline, _, request = heapq.heappop(self._deadlines)
             if deadline != request.deadline or not request.pending():
                 continue  # superseded, or nothing left to cut
-            _shut_reading(request.sock)
-            if request.waiting:
-                self._stop_waiting(request)
-                self._hand_over(request, cut_at_deadline=False)
+            self._safely(request, self._cut, request)
+
+    def _cut(self, request: _Request) -> None:
+        """`request`'s deadline has come: shut its reading side, and if it is still waiting,
+        give it a thread, which finds it cut short."""
+        _shut_reading(request.sock)
+        if request.waiting:
+            self._stop_waiting(request)
+            self._hand_over(request, cut_at_deadline=False)
 
     def _stop_waiting(self, request: _Request) -> None:
-        fd = request.sock.fileno()
-        self._epoll.unregister(fd)
         with self._lock:
-            del self._waiting[fd]
+            self._waiting.pop(request.fd, None)
+        try:
+            self._epoll.unregister(request.fd)
+        except OSError:  # closed already: the kernel dropped it from the epoll set
+            pass
+
+
+def _look(conn: Any) -> tuple[bytes | None, Verdict]:
+    """What has arrived of the next request on `conn` (see `received`) and the verdict on it.
+    Should looking fail, STREAM: its thread reads the request as it comes, and gunicorn or the
+    app answer what is wrong with it; a fault here must never end the worker's main thread,
+    which calls this for every new connection, nor the watcher."""
+    try:
+        data = received(conn)
+        return data, Verdict.WAIT if data is None else verdict(data[:PEEK_BYTES])
+    except Exception:
+        log.exception("the intake could not look at a request; a thread reads it as it comes")
+        return b"", Verdict.STREAM
 
 
 def _settle(future: Future, run: Callable[[Any], Any], conn: Any) -> None:

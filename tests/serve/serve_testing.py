@@ -57,6 +57,8 @@ def app_for(config: ServeConfig, model, predict=None):
 
 
 SERVE = Path(sys.executable).parent / "serve"
+INTAKE_THREADS = 2  # the request threads of the `intake_server` fixture's one worker
+INTAKE_TIMEOUT_S = 5  # and its request timeout
 DEADLINE_S = 300  # generous: loading TensorFlow on a busy 2-core machine takes a while
 
 

@@ -7,11 +7,12 @@ import io
 import json
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from serve import codecs
 from serve_testing import INSTANCES
+
+from tests.fuzzing import fuzz
 
 MEDIA_TYPES = ["application/json", "text/csv", "application/jsonlines", "application/x-npy"]
 
@@ -68,8 +69,6 @@ content_types = st.one_of(
     header_text)
 accepts = st.one_of(st.none(), st.sampled_from(MEDIA_TYPES + ["*/*", "text/*", "image/png"]),
                     header_text)
-FUZZ = settings(max_examples=300, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def assert_clean_answer(response) -> None:
@@ -79,8 +78,8 @@ def assert_clean_answer(response) -> None:
         assert response.get_json()["error"]
 
 
-@FUZZ
-@given(typed_body=typed_bodies, accept=st.sampled_from([None, *MEDIA_TYPES]))
+@fuzz("serve request bodies", max_examples=300, typed_body=typed_bodies,
+      accept=st.sampled_from([None, *MEDIA_TYPES]))
 def test_no_body_makes_the_server_fail(client, typed_body, accept):
     content_type, body = typed_body
     headers = {"Content-Type": content_type, **({"Accept": accept} if accept else {})}
@@ -90,11 +89,10 @@ def test_no_body_makes_the_server_fail(client, typed_body, accept):
 VALID_BODIES = [json.dumps(INSTANCES).encode(), b"1,2,3,4\n5,6,7,8\n", b"[1, 2, 3, 4]\n"]
 
 
-@FUZZ
-@given(content_type=content_types, accept=accepts,
-       body=st.sampled_from(VALID_BODIES) | raw_bodies,
-       method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
-       path=st.sampled_from(["/invocations"] * 3 + ["/ping", "/execution-parameters", "/x"]))
+@fuzz("serve request headers", max_examples=300, content_type=content_types, accept=accepts,
+      body=st.sampled_from(VALID_BODIES) | raw_bodies,
+      method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
+      path=st.sampled_from(["/invocations"] * 3 + ["/ping", "/execution-parameters", "/x"]))
 def test_no_headers_make_the_server_fail(client, content_type, accept, body, method, path):
     headers = {"Content-Type": content_type, **({"Accept": accept} if accept is not None else {})}
     assert_clean_answer(client.open(path, method=method, data=body, headers=headers))
@@ -130,8 +128,7 @@ csv_texts = st.one_of(
              min_size=1, max_size=4).map(lambda rows: "\n".join(",".join(r) for r in rows)))
 
 
-@settings(max_examples=2000, deadline=None)
-@given(text=csv_texts)
+@fuzz("serve CSV decoder", max_examples=2000, text=csv_texts)
 def test_a_csv_body_reads_as_python_would_read_it_line_by_line(text):
     """The decoder takes numpy's C parser when it can; whatever the body, the table (or the
     refusal) is the one a line-by-line parse with Python's float gives."""

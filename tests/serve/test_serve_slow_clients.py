@@ -18,24 +18,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import requests
+from serve_testing import INTAKE_THREADS as THREADS
+from serve_testing import INTAKE_TIMEOUT_S as TIMEOUT_S
 from serve_testing import Server, expected_probabilities
 
-THREADS = 2
-TIMEOUT_S = 5
 MARGIN_S = 10  # far more than a busy machine needs to notice a deadline
 ROW = b"1,2,3,4"
 HEAD = (b"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Type: text/csv\r\n"
         b"Accept: application/json\r\n")
 
 
-@pytest.fixture(scope="module")
-def server(ml_root, tmp_path_factory):
-    server = Server(ml_root, tmp_path_factory.mktemp("slow") / "serve.log",
-                    SAGEMAKER_MODEL_SERVER_WORKERS="1", SERVE_THREADS=str(THREADS),
-                    SAGEMAKER_MODEL_SERVER_TIMEOUT=str(TIMEOUT_S))
-    server.healthy()
-    yield server
-    server.stop()
+@pytest.fixture
+def server(intake_server):
+    return intake_server
 
 
 @dataclass
