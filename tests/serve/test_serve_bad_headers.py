@@ -50,7 +50,7 @@ def send(server: Server, *packets: bytes):
 
 
 # The framing header lines, the status and the start of the error, if the app writes one
-# (gunicorn answers a Content-Length it refuses with a plain-text 400 that names it).
+# (gunicorn answers a Content-Length it refuses with a 400 HTML page that names it).
 CASES = {
     "more digits than int() reads (4300)": (b"Content-Length: " + b"9" * 5000, 400, None),
     "a length beyond any body": (b"Content-Length: " + b"9" * 30, 413,
@@ -78,7 +78,8 @@ def test_a_bad_length_is_answered_and_the_worker_lives_on(server, case, packets)
     if error:
         assert json.loads(outcome.body)["error"].startswith(error), outcome
     elif status == 400:
-        assert b"Invalid HTTP Header: 'CONTENT-LENGTH'" in outcome.body, outcome
+        assert b"Invalid HTTP Header" in outcome.body and b"CONTENT-LENGTH" in outcome.body, \
+            outcome
     assert worker_pid(server) == pid, "the worker was replaced"
     # A valid request in pieces needs the intake's watcher thread to hand it over.
     split = send(server, HEAD + b"Connection: close\r\nContent-Len",
