@@ -21,6 +21,12 @@ neither the URI nor the fix. Every failure is a ConfigError (exit code 2) naming
 package to fix (a `sagemaker_program` missing from it is reported by the launch plan, naming
 the URI too). The code folder named as its own submit directory (SageMaker local mode mounts a
 local source_dir there) is used in place.
+
+An archive's files may take at most `submit_directory_max_mb` unpacked, by default half the
+space free on the code folder's disk when unpacking starts (the rest is left for pip, the model
+and checkpoints): a gzip of zeros or a sparse member unpacks to a thousand times its size or
+more, and the member that would pass the limit stops the job (exit code 2) before any of it is
+written.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Mapping
 from urllib.parse import unquote, urlparse
@@ -70,7 +77,7 @@ def prepare(job: JobConfig, launch: LaunchConfig) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
-            unpack(uri, staging, region(job))
+            unpack(uri, staging, region(job), launch.submit_directory_max_mb)
             replace_contents(code_dir, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -86,13 +93,13 @@ def local_source(uri: str) -> Path | None:
     return Path(uri) if parsed.scheme == "" else None
 
 
-def unpack(uri: str, destination: Path, region_name: str | None) -> None:
+def unpack(uri: str, destination: Path, region_name: str | None, max_mb: int = 0) -> None:
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         archive = destination.with_name(destination.name + ".tar.gz")
         try:
             download_s3(parsed.netloc, parsed.path.lstrip("/"), archive, region_name, uri)
-            extract(archive, destination, uri)
+            extract(archive, destination, uri, max_mb)
         finally:
             archive.unlink(missing_ok=True)
         return
@@ -103,7 +110,7 @@ def unpack(uri: str, destination: Path, region_name: str | None) -> None:
     if source.is_dir():
         shutil.copytree(source, destination, dirs_exist_ok=True, symlinks=True)
     elif source.is_file():
-        extract(source, destination, uri)
+        extract(source, destination, uri, max_mb)
     else:
         raise ConfigError(f"submit directory {uri!r}: {source} does not exist in the "
                           "container; mount it there or give an s3:// URI")
@@ -132,18 +139,39 @@ def download_s3(bucket: str, key: str, target: Path, region_name: str | None, ur
                           "job's credentials, region and network access to S3") from None
 
 
-def extract(archive: Path, destination: Path, uri: str) -> None:
-    if not tarfile.is_tarfile(archive):
+MB = 1024 * 1024
+
+
+def extract(archive: Path, destination: Path, uri: str, max_mb: int = 0) -> None:
+    """Unpack the archive into `destination`, its files at most `max_mb` MB (0: half the space
+    free there); any failure is a ConfigError naming the URI, and the member if it is one."""
+    if max_mb:
+        max_bytes, origin = max_mb * MB, f"submit_directory_max_mb={max_mb}"
+    else:
+        free = shutil.disk_usage(destination).free
+        max_bytes = free // 2
+        origin = (f"half the {free // MB} MB free on the code folder's disk; the "
+                  "hyperparameter submit_directory_max_mb sets it")
+    try:
+        with untar.open_archive(archive):
+            pass
+    except tarfile.ReadError:
         raise ConfigError(f"submit directory {uri!r} is not a tar archive (.tar.gz); pack "
                           "the folder with `tar -czf sourcedir.tar.gz -C src .` or let the "
-                          "SDK pack source_dir")
+                          "SDK pack source_dir") from None
+    except (untar.RefusedMember, tarfile.TarError, OSError, EOFError, zlib.error):
+        pass  # a tar archive whose first member is bad: extract says what is wrong below
     try:
-        untar.extract(archive, destination)
+        untar.extract(archive, destination, max_bytes)
+    except untar.TooLarge as refused:
+        raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {refused} ({origin}); "
+                          "leave large files out of source_dir (give them as an input channel), "
+                          "or raise submit_directory_max_mb if the disk holds them") from None
     except untar.RefusedMember as refused:
         raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {refused}; repack "
                           "it as a .tar.gz of the source folder, with links that stay "
                           "inside it") from None
-    except (tarfile.TarError, OSError, EOFError) as error:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
         raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {error}; repack "
                           "it as a .tar.gz of the source folder") from None
 

@@ -19,6 +19,14 @@ the members before it left it:
   owner read and write, execute bits kept only when the owner has one; folders get the default
   mode; the owner is whoever unpacks.
 
+The archive is bounded too, since its size says nothing of what it unpacks to (gzip packs
+zeros about 1000:1, and a sparse member of 125 bytes in the archive can declare 20 GiB): each
+file's declared size is counted before anything of it is written, and the member that would
+take the files past `max_bytes` is refused, as is an extended header (pax, or GNU long name)
+larger than MAX_HEADER_BYTES, which tarfile would read whole into memory. A member whose name
+or link holds a NUL byte, or whose time is not a number (a pax `mtime=nan`), is refused before
+it is written, naming it.
+
 When every member is on disk, every symbolic link is followed once more: a link whose target
 did not exist yet when it was made may lead out through links made after it, and the code run
 from the folder would follow it there.
@@ -32,13 +40,18 @@ the member.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import stat
 import tarfile
 from pathlib import Path
+from typing import Iterator
 
 MAX_LINKS = 40  # as many links as the kernel follows in one path before ELOOP
+# An extended header (pax, GNU long name or link) is read into memory whole; any real one is a
+# few hundred bytes, PATH_MAX is 4096.
+MAX_HEADER_BYTES = 1024 * 1024
 
 SPECIAL_KINDS = {tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device",
                  tarfile.FIFOTYPE: "FIFO"}
@@ -52,17 +65,77 @@ class RefusedMember(Exception):
         self.name, self.reason = name, reason
 
 
-def extract(archive: Path, destination: Path) -> None:
-    """Unpack `archive` into the existing folder `destination`, member by member; raises
-    RefusedMember at the first member that breaks the rules above (what came before it stays
-    on disk: the caller unpacks into a folder of its own and removes it)."""
+class UnreadableHeader(RefusedMember):
+    """A header tarfile cannot read: a pax number that is not one (`GNU.sparse.size=nan`)
+    makes it raise ValueError, not a TarError."""
+
+    def __init__(self, previous: str | None, error: Exception):
+        where = "of the first member" if previous is None else f"after member {previous!r}"
+        Exception.__init__(self, f"the header {where} cannot be read: {error}")
+        self.name, self.reason = previous or "", str(error)
+
+
+class TooLarge(RefusedMember):
+    """A member that would take the unpacked files past the limit on their size."""
+
+
+class BoundedHeaders(tarfile.TarInfo):
+    """tarfile's member, refusing an extended header larger than MAX_HEADER_BYTES before
+    tarfile reads it into memory (a pax header can declare gigabytes of zeros)."""
+
+    def _proc_member(self, tar):
+        if self.type in EXTENDED_HEADERS and self.size > MAX_HEADER_BYTES:
+            raise TooLarge(self.name, f"is an extended header of {self.size} bytes, more than "
+                           f"the {MAX_HEADER_BYTES} any real archive needs")
+        return super()._proc_member(tar)
+
+
+EXTENDED_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+                    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+def open_archive(archive: Path) -> tarfile.TarFile:
+    """`archive` opened for reading, its extended headers bounded (BoundedHeaders); raises
+    tarfile.ReadError when it is not a tar archive (plain or compressed)."""
+    try:
+        return tarfile.open(archive, tarinfo=BoundedHeaders)
+    except (ValueError, OverflowError) as error:
+        raise UnreadableHeader(None, error) from None
+
+
+def members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The archive's members in order, each read as it is reached."""
+    previous = None
+    while True:
+        try:
+            member = tar.next()
+        except (ValueError, OverflowError) as error:
+            raise UnreadableHeader(previous, error) from None
+        if member is None:
+            return
+        previous = member.name
+        yield member
+
+
+def extract(archive: Path, destination: Path, max_bytes: int) -> None:
+    """Unpack `archive` into the existing folder `destination`, member by member, its files
+    at most `max_bytes` in all; raises RefusedMember at the first member that breaks the rules
+    above (what came before it stays on disk: the caller unpacks into a folder of its own and
+    removes it)."""
     root = os.path.realpath(destination)
     links = []
-    with tarfile.open(archive) as tar:
-        for member in tar:
+    written = 0
+    with open_archive(archive) as tar:
+        for member in members(tar):
+            check_fields(member)
+            if member.isreg():
+                written += member.size
+                if written > max_bytes:
+                    raise TooLarge(member.name, f"is {member.size} bytes unpacked, which takes "
+                                   f"the archive's files past the limit of {max_bytes} bytes")
             try:
                 path = place(tar, member, root)
-            except (OSError, OverflowError) as error:  # OverflowError: a time_t out of range
+            except (OSError, OverflowError, ValueError) as error:  # Overflow: time_t range
                 raise RefusedMember(member.name, "cannot be followed or written: "
                                     f"{getattr(error, 'strerror', None) or error}") from None
             if member.issym():
@@ -75,6 +148,18 @@ def extract(archive: Path, destination: Path) -> None:
         if not inside(target, root):
             raise RefusedMember(name, "is a symbolic link that leads outside the folder, to "
                                 f"{shown(target, root)}, once the members after it are unpacked")
+
+
+def check_fields(member: tarfile.TarInfo) -> None:
+    """Refuse the fields no file system takes, which a pax header can carry: a NUL byte in
+    the name or link (the kernel's names end at one) or a time that is not a number."""
+    for field, value in (("name", member.name), ("link target", member.linkname)):
+        if "\0" in value:
+            raise RefusedMember(member.name, f"has a NUL byte in its {field}; names and links "
+                                "cannot hold one")
+    if isinstance(member.mtime, float) and not math.isfinite(member.mtime):
+        raise RefusedMember(member.name, f"has the modification time {member.mtime!r}, which "
+                            "is not a time")
 
 
 def place(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> str:

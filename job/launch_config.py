@@ -40,6 +40,10 @@ class LaunchConfig:
         "unpacked into /opt/ml/code on every host (its requirements.txt installed) before any "
         "rank starts (also read from SAGEMAKER_SUBMIT_DIRECTORY).",
         aliases=("sagemaker_submit_directory",))
+    submit_directory_max_mb: int = hp(
+        0, "The most megabytes (MiB) the submit directory's archive may unpack to; the member "
+        "that would pass it stops the job before it is written. 0 = half the space free on the "
+        "code folder's disk.", minimum=0, maximum=10_000_000)
     host_timeout: float = hp(
         600.0, "Seconds for every host name to resolve and every worker to become ready; "
         "then the job fails naming the hosts that never answered.", minimum=1.0,
