@@ -54,8 +54,29 @@ def decode(raw: Any) -> Any:
         return raw
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's depth
         return raw
+
+
+def unpassable(value: Any) -> str:
+    """What keeps `value` (text, or decoded JSON: its keys and texts at any depth) from
+    reaching a program as arguments, environment values or paths, "" when nothing does: exec
+    takes NUL-terminated bytes, and a lone surrogate (JSON's "\\ud800") has no UTF-8."""
+    pending = [value]
+    while pending:  # a loop, not recursion: JSON nests up to the interpreter's limit
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending += [*item, *item.values()]
+        elif isinstance(item, list):
+            pending += item
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "a NUL character"
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return "a lone surrogate (text with no UTF-8)"
+    return ""
 
 
 def _allowed(field: dataclasses.Field, kind: type) -> str:
@@ -94,7 +115,10 @@ def coerce(field: dataclasses.Field, kind: type, raw: Any) -> Any:
             raise ConfigError(problem)
         value = int(value)
     else:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past any float
+            raise ConfigError(problem) from None
         if not math.isfinite(value):
             raise ConfigError(problem)
     meta = field.metadata

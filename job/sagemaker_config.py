@@ -27,12 +27,13 @@ job, the benchmarks, the local cluster and the tests make their jobs with it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from job.errors import ConfigError
-from job.hyperparameters import decode, encode
+from job.hyperparameters import decode, encode, unpassable
 from job.paths import MlPaths
 from job.source_code import SourceCode, read_source_code
 
@@ -40,6 +41,11 @@ INPUT_MODES = ("File", "FastFile", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 INSTANCE_GROUP = "homogeneousCluster"  # SageMaker's name for the one group of a plain job
 MAX_GROUPS = 5  # CreateTrainingJob's limit on ResourceConfig.InstanceGroups
+# What mpirun's host list (`-H host:N,...`), ssh and the name service can take as one host:
+# SageMaker's algo-N, a container's or an instance's DNS name, an IPv4 address.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,14}")  # Linux: at most 15 bytes
+CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # CreateTrainingJob's ChannelName
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,8 @@ def _read_json(path: Path, expected: type) -> Any:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from None
     except ValueError as error:
         raise ConfigError(f"{path} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests its JSON too deeply to be read") from None
     if not isinstance(value, expected):
         raise ConfigError(f"{path} must hold a JSON {expected.__name__}, "
                           f"not {type(value).__name__}")
@@ -172,19 +180,26 @@ def read_resources(path: Path) -> ResourceConfig:
         return ResourceConfig(current_host="algo-1", hosts=("algo-1",), network_interface_name="lo")
     raw = _read_json(path, dict)
     hosts = raw.get("hosts")
-    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
-        raise ConfigError(f"{path}: `hosts` must be a list of host names, got {hosts!r}")
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and HOST_NAME.fullmatch(h)
+                                              for h in hosts):
+        raise ConfigError(f"{path}: `hosts` must be a list of host names (letters, digits, "
+                          f"'.', '-', '_'), got {hosts!r}")
     current = raw.get("current_host")
     if not isinstance(current, str) or not current:
         raise ConfigError(f"{path}: `current_host` must be a host name, got {current!r}")
     interface = raw.get("network_interface_name", "eth0")
-    if not isinstance(interface, str) or not interface:
-        raise ConfigError(f"{path}: `network_interface_name` must be an interface name")
+    if not isinstance(interface, str) or not INTERFACE_NAME.fullmatch(interface):
+        raise ConfigError(f"{path}: `network_interface_name` must be an interface name (such "
+                          f"as eth0), got {interface!r}")
+    group = raw.get("current_group_name", INSTANCE_GROUP)
+    if not isinstance(group, str) or not 1 <= len(group) <= 64:
+        raise ConfigError(f"{path}: `current_group_name` must be the name of an instance group "
+                          f"(1 to 64 characters), got {group!r}")
     try:
         return ResourceConfig(current_host=current, hosts=tuple(sorted(hosts)),
                               network_interface_name=interface,
                               instance_type=str(raw.get("current_instance_type", "local")),
-                              current_group=str(raw.get("current_group_name", INSTANCE_GROUP)),
+                              current_group=group,
                               groups=_read_groups(path, raw.get("instance_groups")))
     except ValueError as error:
         raise ConfigError(f"{path}: {error}") from None
@@ -224,6 +239,9 @@ def read_channels(path: Path, data_dir: Path) -> dict[str, Channel]:
         return {name: Channel(name) for name in present}
     channels = {}
     for name, spec in _read_json(path, dict).items():
+        if not CHANNEL_NAME.fullmatch(name) or name in (".", ".."):
+            raise ConfigError(f"{path}: channel name {name!r} is not one SageMaker gives: 1 to 64 "
+                              "letters, digits, '.', '-' and '_'")
         if not isinstance(spec, dict):
             raise ConfigError(f"{path}: channel {name!r} must be a JSON object")
         mode = spec.get("TrainingInputMode", "File")
@@ -243,7 +261,7 @@ def _local_path(path: Path) -> Path | None:
     if not path.exists():
         return None
     local = _read_json(path, dict).get("LocalPath")
-    if not isinstance(local, str) or not local.startswith("/"):
+    if not isinstance(local, str) or not local.startswith("/") or unpassable(local):
         raise ConfigError(f"{path}: `LocalPath` must be an absolute folder path, got {local!r}")
     return Path(local)
 

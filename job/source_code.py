@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from job.errors import ConfigError
+from job.hyperparameters import unpassable
 from job.paths import MlPaths
 
 CODE_CHANNEL = "code"
@@ -81,7 +82,7 @@ def _read_object(path: Path) -> dict[str, Any] | None:
         return None
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from None
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested past the parser
         raise ConfigError(f"{path} (written by the SageMaker SDK's ModelTrainer) is not valid "
                           f"JSON: {error}; run the job again from the SDK") from None
     if value is None:
@@ -95,8 +96,9 @@ def _text(raw: dict[str, Any], key: str, path: Path) -> str:
     value = raw.get(key)
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise ConfigError(f"{path}: `{key}` must be a string, got {value!r}")
+    if not isinstance(value, str) or unpassable(value):
+        raise ConfigError(f"{path}: `{key}` must be a string a program can be given, got "
+                          f"{value!r}")
     return value.strip()
 
 
@@ -114,7 +116,8 @@ def _options(raw: dict[str, Any], path: Path) -> tuple[str, ...]:
     value = raw.get("mpi_additional_options")
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+    if not isinstance(value, list) or \
+            not all(isinstance(item, str) and not unpassable(item) for item in value):
         raise ConfigError(f"{path}: mpi_additional_options must be a list of strings, such as "
                           f"[\"-x\", \"NCCL_DEBUG=WARN\"], got {value!r}")
     return tuple(value)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from job.errors import ConfigError
-from job.hyperparameters import decode, describe, names, parse
+from job.hyperparameters import decode, describe, names, parse, unpassable
 from job.launch_config import OWN_CODE, SDK_PREFIX, LaunchConfig, split_hyperparameters
 from job.paths import MlPaths
 from job.source_code import SourceCode
@@ -68,6 +68,11 @@ def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
                              builtin_only: bool = False) -> JobHyperparameters:
     """Split and check a job's hyperparameters; ConfigError says what to change.
     `builtin_only`: the image runs its built-in trainer and nothing the job brings."""
+    for name, value in raw.items():  # each may reach a rank's arguments or environment
+        problem = unpassable([name, value, decode(value)])
+        if problem:
+            raise ConfigError(f"hyperparameter {name!r} holds {problem}, which no program can "
+                              "be handed: remove it from the job's hyperparameters")
     launch, user, ignored = split_hyperparameters(raw)
     if builtin_only:
         refuse_own_code(raw, launch, environ, source)
