@@ -135,8 +135,19 @@ def ended_line(outcome: Outcome) -> str:
 
 
 def _outcome(line: str) -> Outcome:
+    """The Outcome of an EXIT or ENDED line; ValueError unless it is one the launcher can end
+    a job with: a text reason, an exit code a process can have, a kind exactly when the code
+    is not 0 (the peer is dropped then, not the coordinator)."""
     _, code, kind, reason = line.split(" ", 3)
-    return Outcome(None if kind == "ok" else FailureKind(kind), json.loads(reason), int(code))
+    try:
+        text = json.loads(reason)
+    except RecursionError:  # valid JSON nested past the parser's depth
+        raise ValueError("an outcome nested too deeply") from None
+    outcome = Outcome(None if kind == "ok" else FailureKind(kind), text, int(code))
+    if not isinstance(text, str) or not 0 <= outcome.exit_code <= 255 or \
+            (outcome.kind is None) != (outcome.exit_code == 0):
+        raise ValueError(f"not an outcome: {line[:200]!r}")
+    return outcome
 
 
 class Leader:
@@ -238,6 +249,8 @@ class Leader:
         except socket.timeout:
             answer = (f"FAIL it went silent for {self.heartbeat_timeout:g} s or did not report "
                       f"ready within {HANDSHAKE_TIMEOUT:g} s")
+        except (OSError, ProtocolError) as error:  # its failure, not a wait until host_timeout
+            answer = f"FAIL it broke the protocol or the connection: {error}"
         verb, _, rest = answer.partition(" ")
         with self.condition:
             if verb == "READY" and rest.strip():
@@ -292,6 +305,8 @@ class Leader:
                 return
             if line is not None and line.startswith("ENDED ") and host in self.data_hosts:
                 ended = _outcome(line)
+                if ended.kind is None:  # its script failed, or it would not say ENDED
+                    raise ValueError(f"ENDED without a failure: {line[:200]!r}")
                 log(f"coordinator: the script on data host {host} failed: {ended.reason}")
                 with self.condition:
                     self.ended.setdefault(host, ended)
