@@ -94,7 +94,8 @@ def progress_line(step: int | None) -> str:
     return f"{PROGRESS_MARKER}" + (f" step={step}" if step is not None else "")
 
 
-_PROGRESS = re.compile(re.escape(PROGRESS_MARKER) + r"(?: step=(?P<step>\d+))?\s*$")
+# Numbers of at most 18 digits: int() refuses more than 4300, and no step or rank has 19.
+_PROGRESS = re.compile(re.escape(PROGRESS_MARKER) + r"(?: step=(?P<step>\d{1,18}))?\s*$")
 
 
 def parse_progress(line: str) -> tuple[bool, int | None]:
@@ -236,7 +237,7 @@ def elide(text: str, limit: int) -> str:
     return f"{head}{ELISION}{tail}"
 
 
-_FAILURE = re.compile(re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d+) host=(?P<host>\S+) "
+_FAILURE = re.compile(re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d{1,18}) host=(?P<host>\S+) "
                       r"kind=(?P<kind>\w+): (?P<error>.*)$")
 
 
