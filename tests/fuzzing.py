@@ -19,11 +19,15 @@ pytest-xdist carries from its workers), adds them up and prints, at the end of t
     fuzz: resourceconfig.json: 300 inputs tried, 0 failures
 
 where a failure is a fuzz test of that parser that failed.
+
+FUZZ_SCALE=10 in the environment tries ten times the inputs, new ones on every run (not
+derandomized): a soak for a laptop, not for CI.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections import Counter
 from typing import Any, Callable
 
@@ -34,6 +38,10 @@ settings.register_profile(
     PROFILE, derandomize=True, database=None, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                            HealthCheck.data_too_large])
+
+SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
+if SCALE != 1:
+    settings.register_profile(PROFILE, settings.get_profile(PROFILE), derandomize=False)
 
 PROPERTY = "fuzz"  # the name of the (parser, inputs) pairs in a report's user_properties
 tried: Counter = Counter()  # parser -> inputs the test bodies received in this process
@@ -49,7 +57,7 @@ def fuzz(parser: str, max_examples: int, **strategies: Any) -> Callable:
             tried[parser] += 1
             return test(*args, **kwargs)
 
-        return settings(settings.get_profile(PROFILE), max_examples=max_examples)(
+        return settings(settings.get_profile(PROFILE), max_examples=round(max_examples * SCALE))(
             given(**strategies)(counted))
 
     return decorate
