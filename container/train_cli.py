@@ -73,7 +73,7 @@ from container.restarts import run_with_restarts
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_mpirun
-from container.watchdog import QUIET_END, ProgressWatch
+from container.watchdog import ProgressWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,11 +201,6 @@ def log_plan(plan: LaunchPlan) -> None:
               f"{', '.join(plan.ignored_hyperparameters)}", flush=True)
     if plan.batches:
         print(f"launcher: {plan.batches.derivation()}", flush=True)
-    if 0 < plan.launch.progress_timeout < QUIET_END:
-        print(f"launcher: WARNING: progress_timeout {plan.launch.progress_timeout:g} s is "
-              f"shorter than the {QUIET_END:g} s a healthy rank may sit idle as Keras's fit "
-              "returns (tf.data's autotuning winding down); the watchdog may end such a job "
-              f"as hung: {2 * QUIET_END:g} s or more is safe", flush=True)
     if cluster.is_leader:
         print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
     elif cluster.is_data_host:

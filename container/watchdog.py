@@ -8,7 +8,7 @@ each rank last showed that it works:
 - progress: `TRAIN-PROGRESS step=N` after each optimizer step (the built-in trainer, the
   helper's callbacks) or without a step (`distributed.heartbeat()`), and in script mode any
   line a rank prints on stdout. Not stderr: TensorFlow and Horovod keep warning there while a
-  job hangs (Horovod's stall check every 60 s);
+  job hangs (Horovod's stall check, every 30 s as container.plan sets it);
 - activity: `TRAIN-ACTIVE cpu=N`, the pulse of a rank that used the CPU (train.activity), so
   that a long epoch, a script that prints once an epoch, or a leader evaluating or saving alone
   is never taken for a hang, whatever it prints.
@@ -17,11 +17,15 @@ The one arbiter of a hang is this watch; Horovod's own stall shutdown is off (co
 It fires in two cases:
 1. No rank has made progress or shown activity for `progress_timeout` seconds
    (`first_progress_timeout` before the first progress: data counting and compilation take a
-   while, and a download may not use the CPU).
+   while, and a download may not use the CPU). Both are at least
+   job.launch_config.MIN_PROGRESS_TIMEOUT (120 s), twice the quiet of a healthy `fit` as it
+   returns: shorter ones are refused when the job's hyperparameters are validated.
 2. Horovod's stall check names ranks the others wait for in a collective, and those ranks have
-   shown no progress or activity for as long as the stall check's own period (60 s by default):
-   a rank that never comes is named within about two minutes, whatever the first-progress
-   allowance, while a rank the others wait for because it works alone is left to work.
+   shown no progress or activity for as long as the stall check's own period
+   (container.plan.STALL_CHECK_SECONDS, 30 s; Horovod's default is 60 s): the check looks once
+   a period, so a rank that never comes is named about a minute after the others began to
+   wait, whatever the first-progress allowance, while a rank the others wait for because it
+   works alone is left to work.
 Then the supervisor asks every rank for its Python stack (SIGUSR2 through mpirun;
 train.rank installs faulthandler for it), gives them a few seconds to print, and stops the
 job. The failure reason names each rank's last step and where its stack stood, grouped, plus
@@ -41,10 +45,6 @@ from job.launch_config import LaunchConfig
 from job.protocol import LIBRARY_PATHS, PULSE_SECONDS, parse_active, parse_progress
 
 STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job is stopped
-# A healthy rank can sit idle this long: as Keras's `fit` returns, tf.data's autotuning thread
-# ends only when its optimisation period (at most a minute) runs out, and `fit` waits for it
-# (measured up to 44 s on a crowded 2-core host). A shorter progress_timeout gets a warning.
-QUIET_END = 60.0
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")

@@ -14,6 +14,13 @@ from typing import Any, Mapping
 from job.hyperparameters import hp, parse
 
 SDK_PREFIX = "sagemaker_"
+# A healthy rank can sit idle this long: as Keras's `fit` returns, tf.data's autotuning thread
+# ends only when its optimisation period (at most a minute) runs out, and `fit` waits for it
+# (measured up to 44 s on a crowded 2-core host), using no CPU and printing nothing.
+QUIET_END = 60.0
+# The shortest progress allowance the watchdog (container.watchdog) may be given: twice that
+# quiet. Shorter ones ended healthy jobs as hung, so they are refused, not warned about.
+MIN_PROGRESS_TIMEOUT = 2 * QUIET_END
 # The settings that make a job run the caller's own code: a script, an archive of it, or
 # mpirun options (`-x LD_PRELOAD=...` or an ssh agent of their choosing run anything). An image
 # built for others to run (SCRIPT_MODE=off) refuses them and its algorithm leaves them out.
@@ -67,12 +74,13 @@ class LaunchConfig:
     progress_timeout: float = hp(
         300.0, "Seconds in which no rank made progress (an optimizer step; in script mode a "
         "line on stdout or distributed.heartbeat()) or used the CPU, after which the job fails "
-        "as hung (exit code 4), with every rank's Python stack in the log; 0 turns the "
-        "watchdog off.", minimum=0.0, maximum=604800.0)
+        "as hung (exit code 4), with every rank's Python stack in the log; at least "
+        f"{MIN_PROGRESS_TIMEOUT:g} (a healthy rank may sit idle up to {QUIET_END:g} s as "
+        "Keras's fit returns); 0 turns the watchdog off.", minimum=0.0, maximum=604800.0)
     first_progress_timeout: float = hp(
         1800.0, "The same allowance before the first progress (a download that does not use "
         "the CPU); a rank the others wait for in a collective is named sooner, after "
-        "Horovod's stall check.", minimum=1.0, maximum=604800.0)
+        "Horovod's stall check.", minimum=MIN_PROGRESS_TIMEOUT, maximum=604800.0)
     mpi_enabled: bool = hp(
         False, "Ranks synchronise with Horovod over mpirun (the SDK's distribution={\"mpi\": "
         "{\"enabled\": True}}); needs the Horovod image.", aliases=("sagemaker_mpi_enabled",))
@@ -104,6 +112,17 @@ class LaunchConfig:
     coordinator_port: int = hp(
         29499, "Port on the leader where workers learn the job's SSH key and its outcome.",
         minimum=1, maximum=65535)
+
+    def __post_init__(self) -> None:
+        """Refuses a watchdog allowance that would end a healthy job as hung (job.hyperparameters
+        turns the ValueError into the configuration error, exit code 2)."""
+        if 0 < self.progress_timeout < MIN_PROGRESS_TIMEOUT:
+            raise ValueError(
+                f"hyperparameter progress_timeout={self.progress_timeout:g} is too short: a "
+                f"healthy rank may sit idle up to {QUIET_END:g} s (as Keras's fit returns, "
+                f"tf.data's autotuning winds down), which the watchdog would end as hung; set "
+                f"it to {MIN_PROGRESS_TIMEOUT:g} or more (the minimum), or 0 to turn the "
+                "watchdog off")
 
 
 def split_hyperparameters(raw: Mapping[str, Any]) -> tuple[LaunchConfig, dict[str, Any],

@@ -46,6 +46,18 @@ def test_configuration_errors_fail_fast_with_what_to_change(make_job, hyperparam
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("mode", [{}, {"sagemaker_program": "train.py"}])
+def test_a_progress_timeout_under_the_minimum_is_refused_before_any_rank_starts(make_job,
+                                                                                mode):
+    root = make_job({"progress_timeout": "10", **mode})
+    result = run_train(root, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "progress_timeout=10 is too short" in failure_of(root)
+    assert "set it to 120 or more (the minimum), or 0 to turn the watchdog off" in \
+        failure_of(root)
+    assert "launcher: running: mpirun" not in result.stdout
+
+
 def test_an_unwritable_failure_file_keeps_the_exit_code_and_says_why(make_job):
     root = make_job({"epochs": "zero"})
     (root / "output").mkdir(exist_ok=True)

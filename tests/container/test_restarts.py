@@ -142,9 +142,9 @@ print("done", flush=True)
 
 
 def test_a_hung_job_is_restarted_and_a_stopped_one_is_not(make_script_job):
-    root = make_script_job("hangs.py", {"max_restarts": 1, "progress_timeout": 3,
-                                        "first_progress_timeout": 3}, HANGS_ONCE)
-    result = run_train(root, timeout=180)
+    root = make_script_job("hangs.py", {"max_restarts": 1, "progress_timeout": 120,
+                                        "first_progress_timeout": 120}, HANGS_ONCE)
+    result = run_train(root, timeout=360)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     [attempt] = attempts_of(root)
     assert attempt["exit_code"] == 4 and "no progress" in attempt["reason"], attempt

@@ -2,9 +2,11 @@
 with every rank's Python stack in the log, and working jobs are left alone. Real jobs on real
 mpirun: a rank frozen with SIGSTOP, a rank that sleeps before its first allreduce (default
 settings), every rank blocked on a FIFO with no writer (a dead mount), a script that deadlocks
-after printing; and an unmodified Horovod script whose epochs outlast `progress_timeout`, a
-leader working alone while the other rank waits. Each prints the seconds from the fault to the
-launcher's exit (the numbers of docs/training.md's fault table); none asserts a time."""
+after printing; and an unmodified Horovod script, a leader working alone without a line for
+longer than `progress_timeout` while the other rank waits. The allowances are the shortest the
+launcher accepts (120 s: job.launch_config.MIN_PROGRESS_TIMEOUT). Each prints the seconds from
+the fault to the launcher's exit (the numbers of docs/training.md's fault table); none asserts
+a time."""
 
 import os
 import re
@@ -190,20 +192,20 @@ for step in range(1000000):
     if step == 5:
         open(os.path.join(here, f"running{hvd.rank()}"), "w")
     if fault == "leader_alone" and step == 5 and hvd.rank() == 0:
-        started = time.monotonic()  # work alone, printing nothing, while rank 1 waits
-        while time.monotonic() - started < 25:
-            sum(i * i for i in range(100000))
+        started = time.monotonic()  # work alone, printing nothing, while rank 1 waits:
+        while time.monotonic() - started < 130:  # longer than progress_timeout, a third of
+            sum(i * i for i in range(100000))  # a core (pulses count from a tenth)
+            time.sleep(0.02)
     if fault == "leader_alone" and step == 8:
         break
     time.sleep(0.05)
 '''
 
 # A public-style Horovod script (horovod/examples/tensorflow2/tensorflow2_keras_mnist.py's
-# shape): nothing of ours imported, `fit(verbose=2)` prints one line per epoch, each epoch
-# twice the job's progress_timeout or longer. Its input pipeline does without tf.data's
-# autotuning, whose thread keeps `fit` from returning, idle, for up to its optimisation period
-# (up to a minute; measured up to 44 s here) after the last step: that is what the
-# progress_timeout floor the launcher warns about is for, not what this test is about.
+# shape): nothing of ours imported, `fit(verbose=2)` prints one line per epoch. Its input
+# pipeline does without tf.data's autotuning, whose thread keeps `fit` from returning, idle,
+# for up to its optimisation period (up to a minute; measured up to 44 s here) after the last
+# step: that is what the 120 s minimum of progress_timeout is for, not what this test is about.
 LONG_EPOCHS = '''
 import numpy as np
 import tensorflow as tf
@@ -264,7 +266,7 @@ def wait_for(path, process, timeout=120):
 
 
 def finish(process, fault_at):
-    output = process.communicate(timeout=180)[0]
+    output = process.communicate(timeout=300)[0]
     print(f"fault -> launcher exit: {time.monotonic() - fault_at:.1f} s")
     return output
 
@@ -281,15 +283,16 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 
 def test_a_rank_of_the_builtin_trainer_frozen_with_sigstop(job):
-    root, process = job({"progress_timeout": 15, "epochs": 1000, "checkpoint_every_epochs": 1},
-                        builtin=True)
+    # Horovod's stall check off: case 1 (no rank works) is the one under test, not case 2
+    root, process = job({"progress_timeout": 120, "epochs": 1000, "checkpoint_every_epochs": 1,
+                         "mpi_options": "-x HOROVOD_STALL_CHECK_DISABLE=1"}, builtin=True)
     wait_for(root / "checkpoints", process)  # epoch 1 is done: steps are being made
     os.kill(rank_pid(process, 1), signal.SIGSTOP)
     output = finish(process, time.monotonic())
     assert process.returncode == 4, output[-3000:]
     reason = failure_of(root)
     assert reason.startswith("no progress for "), reason
-    assert "(progress_timeout 15 s): " in reason
+    assert "(progress_timeout 120 s): " in reason
     # the frozen rank prints its stack only if mpirun's teardown continues it in time
     assert re.search(r"rank 1 on algo-1 last finished step \d+, (gave no stack|in )", reason) \
         or re.search(r"ranks 0, 1 on algo-1 last finished step \d+, in ", reason), reason
@@ -312,9 +315,11 @@ def test_a_rank_that_sleeps_before_its_first_allreduce_with_default_settings(job
     assert "rank(s) 1 never submitted" in reason, reason
 
 
-def test_an_unmodified_script_whose_epochs_outlast_the_timeout_completes(make_script_job):
-    root = make_script_job("mnist_style.py", {"processes_per_host": 2, "progress_timeout": 8,
-                                              "first_progress_timeout": 8}, LONG_EPOCHS)
+def test_an_unmodified_script_completes_under_the_shortest_allowances(make_script_job):
+    """The rank that prints nothing (verbose=0) is heard through its pulse; a silence longer
+    than progress_timeout is the leader-alone test's."""
+    root = make_script_job("mnist_style.py", {"processes_per_host": 2, "progress_timeout": 120,
+                                              "first_progress_timeout": 120}, LONG_EPOCHS)
     started = time.monotonic()
     result = run_train(root, timeout=300)
     print(f"2 epochs in {time.monotonic() - started:.1f} s")
@@ -324,49 +329,46 @@ def test_an_unmodified_script_whose_epochs_outlast_the_timeout_completes(make_sc
     epochs = re.findall(r"^\[1,0\]<stdout>:1200/1200 - (\d+)s ", result.stdout, re.MULTILINE)
     assert len(epochs) == 2, result.stdout[-3000:]
     print(f"seconds per epoch, as Keras printed them: {epochs}")
-    assert all(int(seconds) > 8 for seconds in epochs), epochs  # silent past the timeout
     assert "TRAIN-ACTIVE" not in result.stdout + result.stderr  # swallowed
-    assert "launcher: WARNING: progress_timeout 8 s is shorter than the 60 s a healthy rank " \
-           "may sit idle as Keras's fit returns" in result.stdout
 
 
 def test_a_leader_working_alone_while_the_other_rank_waits_survives(job):
     """Horovod's stall check (every 2 s here) names rank 0 as missing the whole time, and no
-    rank prints for 25 s, twice progress_timeout: rank 0 is working, so nothing fires
-    (Horovod's own stall shutdown, formerly 600 s, is off: one arbiter decides). The timeout
-    leaves room for six pulses: with 6 s, a pytest-xdist run that crowded 2 cores with other
-    jobs' TensorFlow once delivered none of rank 0's pulses for 7 s."""
-    root, process = job({"progress_timeout": 12,
+    rank prints for 130 s, longer than progress_timeout (120 s, the minimum): rank 0 is
+    working, a third of a core, so its pulses keep the job alive and nothing fires (Horovod's
+    own stall shutdown, formerly 600 s, is off: one arbiter decides)."""
+    root, process = job({"progress_timeout": 120,
                          "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"}, "leader_alone")
-    output = process.communicate(timeout=240)[0]
+    output = process.communicate(timeout=400)[0]
     assert process.returncode == 0, output[-3000:]
     assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
 
 
 def test_every_rank_blocked_on_a_dead_mount(job):
     """Before TensorFlow is even imported: the allowance before the first progress."""
-    root, process = job({"first_progress_timeout": 15}, "dead_mount",
+    root, process = job({"first_progress_timeout": 120}, "dead_mount",
                         prepare=lambda root: os.mkfifo(root / "input/data/train/pipe"))
     output = finish(process, time.monotonic())
     assert process.returncode == 4, output[-3000:]
     reason = failure_of(root)
-    assert "(first_progress_timeout 15 s) (none since the start)" in reason, reason
+    assert "(first_progress_timeout 120 s) (none since the start)" in reason, reason
     assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, \
         reason + output[-4000:]
 
 
 def test_a_script_that_deadlocks_after_printing(job):
-    root, process = job({"progress_timeout": 6}, "deadlock_after_printing")
+    root, process = job({"progress_timeout": 120}, "deadlock_after_printing")
     wait_for(root / "output" / "data" / "pid1", process)
     output = finish(process, time.monotonic())
     assert process.returncode == 4, output[-3000:]
     reason = failure_of(root)
-    assert "(progress_timeout 6 s)" in reason, reason  # the print counted as progress
+    assert "(progress_timeout 120 s)" in reason, reason  # the print counted as progress
     assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
 
 
 def test_a_hang_on_the_worker_host_ends_every_host_with_the_same_code(cluster):
-    roots = cluster({"progress_timeout": 12}, "probe.py", PROBE)
+    """The default allowances: Horovod's stall check names the worker's rank first."""
+    roots = cluster({}, "probe.py", PROBE)
     env = {"FAULT": "sleep_before_allreduce"}
     worker, leader = start(roots["127.0.0.2"], env), start(roots["127.0.0.1"], env)
     leader_output = leader.communicate(timeout=240)[0]
@@ -374,4 +376,5 @@ def test_a_hang_on_the_worker_host_ends_every_host_with_the_same_code(cluster):
     assert leader.returncode == worker.returncode == 4, leader_output[-3000:]
     assert "rank 1 on 127.0.0.2 finished no step, in <module> (probe.py:" in \
         failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
-    assert failure_of(roots["127.0.0.2"]).startswith("no progress for "), worker_output[-3000:]
+    assert failure_of(roots["127.0.0.2"]).startswith("rank 1 on 127.0.0.2 did nothing for "), \
+        worker_output[-3000:]

@@ -117,3 +117,28 @@ def test_a_rank_started_without_the_launcher_says_how_to_start_it(program):
     assert ("TRAIN-FAILURE rank=0 host=" in result.stderr
             and f"ConfigError: {JOB_ENV} is not set: rank programs run under the launcher"
             in result.stderr and "run `train --ml-root DIR`" in result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"progress_timeout": "10"}, "hyperparameter progress_timeout=10 is too short: a healthy "
+     "rank may sit idle up to 60 s (as Keras's fit returns, tf.data's autotuning winds down), "
+     "which the watchdog would end as hung; set it to 120 or more (the minimum), or 0 to turn "
+     "the watchdog off"),
+    ({"progress_timeout": 119.5}, "progress_timeout=119.5 is too short"),
+    ({"first_progress_timeout": "10"},
+     "hyperparameter first_progress_timeout='10' is invalid: expected a number >= 120"),
+])
+@pytest.mark.parametrize("mode", [{}, {"sagemaker_program": "train.py"}])
+def test_a_watchdog_allowance_that_would_end_a_healthy_job_is_refused(given, message, mode):
+    """The launcher used to accept progress_timeout=10 with a warning, and the watchdog then
+    ended a healthy Horovod fit as hung as it returned: refused now, in both modes."""
+    with pytest.raises(ConfigError) as refused:
+        validate_hyperparameters({**given, **mode}, {})
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("given", [{"progress_timeout": 0}, {"progress_timeout": 120},
+                                   {"first_progress_timeout": 120}])
+def test_the_minimum_allowance_and_the_watchdog_off_are_accepted(given):
+    launch = validate_hyperparameters(given, {}).launch
+    assert [getattr(launch, name) for name in given] == list(given.values())
