@@ -11,7 +11,12 @@ each rank last showed that it works:
   job hangs (Horovod's stall check, every 30 s as container.plan sets it);
 - activity: `TRAIN-ACTIVE cpu=N`, the pulse of a rank that used the CPU (train.activity), so
   that a long epoch, a script that prints once an epoch, or a leader evaluating or saving alone
-  is never taken for a hang, whatever it prints.
+  is never taken for a hang, whatever it prints;
+- waiting on I/O: `TRAIN-ACTIVE cpu=N io=network` (or `io=disk`), the pulse of a rank whose
+  main thread is blocked on a socket or a file (a slow HTTP call, a slow read), which counts
+  as activity for IO_WAIT_LIMIT seconds of one wait: a slow call is not a hang, a call that
+  never returns (a dead server, a dead mount) still is, the rank named as waiting on the
+  network or the disk.
 
 The one arbiter of a hang is this watch; Horovod's own stall shutdown is off (container.plan).
 It fires in two cases:
@@ -42,9 +47,14 @@ from typing import Callable
 
 from container.failure import TAG
 from job.launch_config import LaunchConfig
-from job.protocol import LIBRARY_PATHS, PULSE_SECONDS, parse_active, parse_progress
+from job.protocol import LIBRARY_PATHS, PULSE_SECONDS, parse_active, parse_progress, \
+    parse_waiting
 
 STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job is stopped
+# The longest one wait of a rank on the network or the disk counts as activity: longer than a
+# slow tracking server or S3 call with its retries (MLflow's client retries for minutes), short
+# enough that a call to a dead server ends as hung within the hour.
+IO_WAIT_LIMIT = 600.0
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MISSING = re.compile(r"^\s*(?P<ranks>\d+(?:, ?\d+)*): \[(?P<tensors>[^\]]*)\]")
@@ -71,6 +81,7 @@ class ProgressWatch:
     waited_for: set[int] = field(default_factory=set)  # the ranks of its latest report
     in_missing: bool = False  # the lines that follow Horovod's "Missing ranks:"
     stragglers: list[int] = field(default_factory=list)  # when case 2 fired: the ranks waited for
+    io_waits: dict[int, tuple[str, float]] = field(default_factory=dict)  # rank: (on what, since)
     silence: float | None = None  # set when the watchdog fired: seconds without progress
 
     def __post_init__(self) -> None:
@@ -96,7 +107,12 @@ class ProgressWatch:
         progress, step = parse_progress(text)
         if progress or parse_active(text) is not None:
             if self.silence is None:  # what ranks do while they are being stopped is moot
-                self._working(rank, progress)
+                waiting = None if progress else parse_waiting(text)
+                if waiting is None:
+                    self.io_waits.pop(rank, None)
+                    self._working(rank, progress)
+                elif self._may_wait(rank, waiting):
+                    self._working(rank, progress=False)
                 if step is not None:
                     self.steps[rank] = step
             return True
@@ -114,6 +130,11 @@ class ProgressWatch:
         if progress:
             self.last_progress = now
         self.waited_for.discard(rank)  # it is not the one holding the others up
+
+    def _may_wait(self, rank: int, waiting: str) -> bool:
+        """Whether this wait on I/O still counts as activity: for IO_WAIT_LIMIT seconds."""
+        since = self.io_waits.setdefault(rank, (waiting, self.clock()))[1]
+        return self.clock() - since <= IO_WAIT_LIMIT
 
     def _read_stall_check(self, text: str) -> None:
         """Horovod's stall check: `Missing ranks:`, then one line per group of ranks."""
@@ -159,6 +180,10 @@ class ProgressWatch:
         for rank in range(self.world_size):
             step = self.steps.get(rank)
             done = f"last finished step {step}" if step is not None else "finished no step"
+            if rank in self.io_waits:
+                kind, since = self.io_waits[rank]
+                done += (f", waiting on the {kind} for {self.clock() - since:.0f} s (a wait on "
+                         f"I/O counts as work for {IO_WAIT_LIMIT:g} s)")
             groups.setdefault(f"{done}, {where(self.stacks.get(rank, []))}", []).append(rank)
         ranks = "; ".join(f"{_ranks(members, self.host_of_rank)} {state}"
                           for state, members in groups.items())

@@ -12,6 +12,9 @@ its tag (`[1,0]<stdout>:`), so every parser here searches inside a line. The lin
                                                              launcher's watchdog reads these
     TRAIN-ACTIVE cpu=0.93                                    a rank computed (cores of CPU
                                                              over its last pulse; on stderr)
+    TRAIN-ACTIVE cpu=0.00 io=network                         a rank computed little: its main
+                                                             thread waits on the network (or
+                                                             the disk), not on a peer or a lock
 
 The failure report carries the kind of failure (`FailureKind`), so a configuration or data
 error raised inside a rank ends the job with the configuration exit code on every host, and
@@ -107,18 +110,29 @@ def parse_progress(line: str) -> tuple[bool, int | None]:
 PULSE_SECONDS = 2.0  # how often a rank that computes says so (train.activity)
 
 
-def active_line(cores: float) -> str:
-    """A rank's pulse: it used `cores` of CPU on average since its last pulse."""
-    return f"{ACTIVE_MARKER} cpu={cores:.2f}"
+IO_WAITS = ("network", "disk")  # what a rank's main thread may be waiting on (train.activity)
 
 
-_ACTIVE = re.compile(re.escape(ACTIVE_MARKER) + r" cpu=(?P<cores>\d+(?:\.\d+)?)\s*$")
+def active_line(cores: float, waiting: str | None = None) -> str:
+    """A rank's pulse: it used `cores` of CPU on average since its last pulse, and its main
+    thread is `waiting` on one of IO_WAITS (None: it is not, or it computed)."""
+    return f"{ACTIVE_MARKER} cpu={cores:.2f}" + (f" io={waiting}" if waiting else "")
+
+
+_ACTIVE = re.compile(re.escape(ACTIVE_MARKER) + r" cpu=(?P<cores>\d+(?:\.\d+)?)"
+                     r"(?: io=(?P<io>" + "|".join(IO_WAITS) + r"))?\s*$")
 
 
 def parse_active(line: str) -> float | None:
     """The cores of a pulse line (maybe tagged), else None."""
     found = _ACTIVE.search(line)
     return float(found["cores"]) if found else None
+
+
+def parse_waiting(line: str) -> str | None:
+    """What the pulse line (maybe tagged) says the rank waits on, else None."""
+    found = _ACTIVE.search(line)
+    return found["io"] if found else None
 
 
 def stopped_line(detail: str) -> str:

@@ -20,6 +20,15 @@ Waiting that burns CPU without working is kept out of the measure:
 A script's own busy-wait loop counts as computing. A frozen process's pulse is frozen with it,
 and a rank whose C code holds the interpreter lock through a whole pulse is not heard from
 meanwhile (TensorFlow, JAX and NumPy release it while they compute).
+
+Waiting on I/O is not a hang either, but it wants no CPU: a rank in a slow HTTP call (a
+tracking server, S3) while the others wait for it in a collective. So a pulse that finds too
+little CPU looks at what the main thread is blocked in (`io_wait`: the kernel's
+/proc/self/task/N/syscall, the system call and its arguments): reading, writing, connecting or
+polling a socket is waiting on the network, reading or writing a regular file waiting on the
+disk, and the pulse says so (`TRAIN-ACTIVE cpu=0.00 io=network`); the watchdog allows such a
+wait a bounded time (container.watchdog.IO_WAIT_LIMIT). A lock, a pipe, a collective, a
+sleep, `epoll`/`select` (whose file descriptors it does not read) are not I/O here.
 """
 
 from __future__ import annotations
@@ -27,12 +36,25 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import platform
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from job.protocol import PULSE_SECONDS, active_line, progress_line
+
+# System calls whose first argument is the file descriptor the thread waits on: read, write,
+# their vector and positional forms, send/recv, connect, accept, fsync; and poll/ppoll, whose
+# first two are an array of `struct pollfd` (int fd; short events; short revents) and its
+# length. By machine, as the kernel numbers them (x86_64: arch/x86/entry/syscalls; aarch64:
+# the generic table).
+_FD_CALLS = {"x86_64": {0, 1, 17, 18, 19, 20, 42, 43, 44, 45, 46, 47, 74, 75, 288, 295, 296},
+             "aarch64": {63, 64, 65, 66, 67, 68, 69, 70, 82, 83, 202, 203, 206, 207, 211, 212,
+                         242}}
+_POLL_CALLS = {"x86_64": {7, 271}, "aarch64": {73}}
+_MACHINE = platform.machine()
 
 # Measured with 2 ranks on 2 cores: a rank that computes wants about a core or more (0.9-2.5,
 # more when other jobs crowd the host); a rank asleep or waiting for a peer in a collective,
@@ -80,7 +102,13 @@ class Pulse:
             cores = sum(seconds - before.get(thread, 0.0) for thread, seconds in after.items()) \
                 / max(now - clock, 1e-3)
             clock, before = now, after
-            if cores >= BUSY_CORES and not say(active_line(cores)):
+            if cores >= BUSY_CORES:
+                line = active_line(cores)
+            elif (waiting := io_wait(threading.main_thread().native_id)) is not None:
+                line = active_line(cores, waiting)
+            else:
+                continue
+            if not say(line):
                 return
 
     @classmethod
@@ -89,6 +117,61 @@ class Pulse:
         handlers, MPI_Finalize, freeing the model), during which the pulse thread no longer
         runs; the watchdog's allowance starts again here."""
         say(progress_line(None))
+
+
+def io_wait(thread_id: int) -> str | None:
+    """"network" or "disk" when that thread of this process is blocked in a system call on a
+    socket or a regular file, else None (running, or waiting on anything else)."""
+    try:
+        fields = Path(f"/proc/self/task/{thread_id}/syscall").read_text().split()
+        call, args = int(fields[0]), [int(field, 16) for field in fields[1:7]]
+    except (OSError, ValueError, IndexError):  # "running", or an ended thread
+        return None
+    if call in _FD_CALLS.get(_MACHINE, ()):
+        return _waits_on(args[0])
+    if call in _POLL_CALLS.get(_MACHINE, ()):
+        try:  # the array is in this process's memory: read it as the kernel does
+            with open("/proc/self/mem", "rb", buffering=0) as memory:
+                array = os.pread(memory.fileno(), 8 * min(args[1], 64), args[0])
+        except OSError:
+            return None
+        kinds = {_waits_on(int.from_bytes(array[at:at + 4], "little", signed=True))
+                 for at in range(0, len(array) - 7, 8)}
+        return "network" if "network" in kinds else "disk" if "disk" in kinds else None
+    return None
+
+
+def _waits_on(descriptor: int) -> str | None:
+    """"network" for an IP socket, "disk" for a regular file; None for anything else: a pipe
+    or a Unix socket is another process of this host, which may never answer."""
+    if descriptor < 0:
+        return None
+    try:
+        mode = os.stat(f"/proc/self/fd/{descriptor}").st_mode
+        target = os.readlink(f"/proc/self/fd/{descriptor}")  # socket:[INODE] for a socket
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return "disk"
+    if stat.S_ISSOCK(mode) and _ip_socket(target.removeprefix("socket:[").rstrip("]")):
+        return "network"
+    return None
+
+
+def _ip_socket(inode: str) -> bool:
+    """Whether the socket of that inode is a TCP or UDP one: the kernel's tables of this
+    network namespace list them by inode (column 10). Read rather than asked of the socket
+    itself: a Python socket object made from a copy of the descriptor would set the shared
+    file's non-blocking flag when socket.setdefaulttimeout is in force."""
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            with open(f"/proc/self/net/{table}") as rows:
+                next(rows, None)  # the header
+                if any(row.split()[9:10] == [inode] for row in rows):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def say(line: str) -> bool:

@@ -8,18 +8,20 @@ launcher accepts (120 s: job.launch_config.MIN_PROGRESS_TIMEOUT). Each prints th
 the fault to the launcher's exit (the numbers of docs/training.md's fault table); none asserts
 a time."""
 
+import http.server
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
 
 from container.lines import WholeLines
-from container.watchdog import ProgressWatch, where
+from container.watchdog import IO_WAIT_LIMIT, ProgressWatch, where
 from job.protocol import active_line, progress_line
 from tests.conftest import TRAIN, failure_of, run_train
 from tests.container.test_multi_host import cluster, start  # noqa: F401 (a fixture)
@@ -154,6 +156,34 @@ def test_a_rank_working_alone_is_not_a_straggler():
     assert made.overdue() is None
 
 
+def test_a_rank_waiting_on_the_network_works_for_a_bounded_time():
+    """Rank 0 in a slow HTTP call (its pulses say io=network), rank 1 waiting for it in a
+    collective: no hang while the wait lasts up to IO_WAIT_LIMIT, a hang named as such after."""
+    made, clock = watch(straggler_timeout=30)
+    made.observe(f"[1,0]<stdout>:{progress_line(5)}")
+    made.observe(f"[1,1]<stdout>:{progress_line(5)}")
+    for _ in range(round(IO_WAIT_LIMIT / 10) + 4):  # the wait began at 110
+        clock.now += 10
+        made.observe("[1,1]<stderr>:Missing ranks:")
+        made.observe("[1,1]<stderr>:0: [HorovodAllreduce_0]")
+        assert made.observe(f"[1,0]<stderr>:{active_line(0.0, 'network')}") is True
+        if clock.now <= 110 + IO_WAIT_LIMIT:
+            assert made.overdue() is None, clock.now
+    assert made.overdue() == pytest.approx(30)  # case 2: rank 0, idle since the limit
+    made.fire(30)
+    assert made.reason().startswith(
+        f"rank 0 on algo-1 did nothing for 30 s while the other ranks waited for it in a "
+        f"collective (Horovod's stall check, every 30 s): rank 0 on algo-1 last finished step "
+        f"5, waiting on the network for {IO_WAIT_LIMIT + 30:.0f} s (a wait on I/O counts as work "
+        f"for {IO_WAIT_LIMIT:g} s), gave no stack"), made.reason()
+    made, clock = watch()  # a wait that ends starts the next one's allowance afresh
+    made.observe(f"[1,0]<stderr>:{active_line(0.0, 'disk')}")
+    clock.now += IO_WAIT_LIMIT
+    made.observe(f"[1,0]<stderr>:{active_line(1.0)}")
+    made.observe(f"[1,0]<stderr>:{active_line(0.0, 'disk')}")
+    assert made.io_waits == {0: ("disk", clock.now)}
+
+
 def test_where_takes_the_main_thread_and_the_users_own_frame(tmp_path):
     stack = faulthandler_dump(tmp_path, (
         "import threading, queue\n"
@@ -196,7 +226,10 @@ for step in range(1000000):
         while time.monotonic() - started < 130:  # longer than progress_timeout, a third of
             sum(i * i for i in range(100000))  # a core (pulses count from a tenth)
             time.sleep(0.02)
-    if fault == "leader_alone" and step == 8:
+    if fault == "slow_http" and step == 5 and hvd.rank() == 0:  # rank 1 waits meanwhile
+        import urllib.request
+        urllib.request.urlopen(os.environ["SLOW_URL"], timeout=60).read()
+    if fault in ("leader_alone", "slow_http") and step == 8:
         break
     time.sleep(0.05)
 '''
@@ -340,6 +373,32 @@ def test_a_leader_working_alone_while_the_other_rank_waits_survives(job):
     root, process = job({"progress_timeout": 120,
                          "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"}, "leader_alone")
     output = process.communicate(timeout=400)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
+
+
+def test_a_rank_in_a_slow_http_call_while_the_other_waits_survives(job, monkeypatch):
+    """Rank 0 waits 25 s for a loopback HTTP server (a slow tracking server) while rank 1 waits
+    for it in an allreduce; Horovod's stall check (every 2 s here) names rank 0 the whole time,
+    and no rank uses the CPU. Rank 0's pulse says it waits on the network: not a hang (before,
+    the watchdog ended the job within seconds, as a rank that did nothing)."""
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(25)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SLOW_URL", f"http://127.0.0.1:{server.server_port}/")
+    try:
+        root, process = job({"mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"},
+                            "slow_http")
+        output = process.communicate(timeout=300)[0]
+    finally:
+        server.shutdown()
+        server.server_close()
     assert process.returncode == 0, output[-3000:]
     assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
 

@@ -1,0 +1,98 @@
+"""What a rank's pulse tells of a main thread that wants no CPU (train.activity.io_wait): real
+threads blocked in a slow HTTP call to a loopback server, a socket read, a lock, a pipe."""
+
+import http.server
+import os
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from train.activity import io_wait
+
+
+def eventually(condition, failure: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+    return found
+
+
+@pytest.fixture
+def slow_server():
+    """An HTTP server on loopback that answers after `release` is set."""
+    release = threading.Event()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            release.wait(30)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/", release
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def blocked(target) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    eventually(lambda: thread.native_id is not None, "the thread never started")
+    return thread
+
+
+@pytest.mark.parametrize("timeout", [30, None])  # poll() then recv, or a blocking recv
+def test_a_thread_in_a_slow_http_call_waits_on_the_network(slow_server, timeout):
+    url, release = slow_server
+    thread = blocked(lambda: urllib.request.urlopen(url, timeout=timeout).read())
+    eventually(lambda: io_wait(thread.native_id) == "network",
+               f"never seen waiting on the network: {io_wait(thread.native_id)}")
+    release.set()
+    thread.join(10)
+    assert io_wait(thread.native_id) is None  # ended
+
+
+def test_a_thread_on_a_lock_a_pipe_or_asleep_waits_on_no_io(tmp_path):
+    """What a hang looks like (a deadlock, a peer that never writes, a sleep): none is I/O.
+    Each is seen blocked in its system call (the kernel names it) before it is judged."""
+    lock, (reader, writer) = threading.Lock(), os.pipe()
+    lock.acquire()
+    threads = [blocked(lock.acquire), blocked(lambda: os.read(reader, 1)),
+               blocked(lambda: time.sleep(30))]
+    for thread in threads:
+        eventually(lambda: open(f"/proc/self/task/{thread.native_id}/syscall").read().split()[0]
+                   not in ("running", "-1"), "never blocked")
+        assert io_wait(thread.native_id) is None
+    lock.release()
+    os.write(writer, b"x")
+
+
+def test_a_tcp_read_is_network_and_a_local_socket_is_not():
+    """A Unix socket is another process of this host (a loader that may never answer), as a
+    pipe is; a TCP connection, even on loopback, is the network."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    left, right = socket.socketpair()
+    tcp, local = blocked(lambda: client.recv(1)), blocked(lambda: left.recv(1))
+    eventually(lambda: io_wait(tcp.native_id) == "network", "never seen on the TCP socket")
+    eventually(lambda: open(f"/proc/self/task/{local.native_id}/syscall").read().split()[0]
+               not in ("running", "-1"), "never blocked")
+    assert io_wait(local.native_id) is None
+    server.send(b"x")
+    right.send(b"x")
+    for thread in (tcp, local):
+        thread.join(10)
+    assert io_wait(threading.main_thread().native_id) is None  # running this test
+    for each in (listener, client, server, left, right):
+        each.close()
