@@ -8,10 +8,16 @@ trainer the tf.data service that produces the ranks' input (train.data_service).
 toolkit's, its life is the job's: it joins the leader's coordinator as a worker does (with no
 sshd), so
 
-- when the training ends, the leader's outcome stops the script (SIGTERM, SIGKILL 10 s later)
-  and the host exits with the job's exit code;
+- when the training ends, the leader's outcome stops the script and every process it started
+  (SIGTERM, SIGKILL 10 s later: container.session) and the host exits with the job's exit
+  code;
+- a stop (SIGTERM: job stopped, max runtime, spot reclaim) is not passed on to the script:
+  the ranks save their checkpoint at an agreed step, which may need the data this host
+  serves, so the script runs on until the leader reports the job's end, as above (or, if
+  that never comes, until `stop_grace` ends it);
 - when the script fails, the leader hears it at once (ENDED), stops the ranks and the job fails
-  with the data host's reason; a script that completes waits for the training;
+  with the data host's reason; a script that completes waits for the training (processes it
+  left running are ended as it exits);
 - a data host that vanishes is named by the leader after `heartbeat_timeout`, and a leader that
   vanishes by the data host, as for any worker.
 """
@@ -26,7 +32,7 @@ from container import network
 from container.coordination import ended_line, follow_leader
 from container.failure import Outcome, relayed
 from container.plan import LaunchPlan
-from container.supervisor import run_mpirun
+from container.supervisor import run_supervised
 from job.errors import TrainError
 from job.protocol import FailureKind
 
@@ -61,9 +67,10 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     if not ended.is_set():
         what = "the script" if plan.job.program else "the tf.data service"
         print(f"launcher: data host {cluster.current_host} runs {what} on its own", flush=True)
-        outcome = run_mpirun(list(plan.data_command), grace=launch.stop_grace,
-                             host_of_rank=lambda _: cluster.current_host,
-                             env={**os.environ, **plan.data_env}, abort=ended)
+        outcome = run_supervised(list(plan.data_command), grace=launch.stop_grace,
+                                 host_of_rank=lambda _: cluster.current_host,
+                                 env={**os.environ, **plan.data_env}, abort=ended,
+                                 forward_stop=False)
         # A stop reaches every host: the leader stops the ranks itself, with a checkpoint.
         if outcome.exit_code and outcome.kind != FailureKind.STOPPED and not ended.is_set():
             link["send"](ended_line(outcome))

@@ -1,4 +1,5 @@
-"""Running mpirun: stream its output, forward stop signals, and say how it ended.
+"""Running mpirun (or a data host's program): stream its output, forward stop signals, and
+say how it ended.
 
 Output: each rank's lines are put back together (container.lines) before they are logged,
 read for failure reports (container.failure) or watched (container.watchdog).
@@ -8,9 +9,11 @@ first SIGTERM into SIGUSR1 for mpirun, which forwards it to every rank; the trai
 agrees with the other ranks to stop after the current step, saves a checkpoint and exits.
 If the ranks are not done after `stop_grace` seconds, they are asked for their stacks (as the
 watchdog does: where they are stuck is then in the log), and mpirun gets SIGTERM (it kills the
-job) and, 10 s later, SIGKILL. A second SIGTERM skips the wait. The failure file says whether
-a checkpoint was confirmed, and if not, why (the grace ran out, or a rank failed) and which
-checkpoint a restart resumes from: one saved before the stop is not lost.
+job) and, 10 s later, SIGKILL, as does every process the job started (container.session: a
+rank's helper processes too, which would otherwise hold mpirun open). A second SIGTERM skips
+the wait. The failure file says whether a checkpoint was confirmed, and if not, why (the
+grace ran out, or a rank failed) and which checkpoint a restart resumes from: one saved
+before the stop is not lost.
 
 Hanging: with a `ProgressWatch` (container.watchdog), a thread checks once a second whether
 the ranks still make progress; when they do not, it asks them for their stacks (SIGUSR2,
@@ -20,7 +23,6 @@ the same way; the job then fails as hung, whatever mpirun's own exit says.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -31,16 +33,20 @@ from typing import Callable
 
 from container.failure import Outcome, OutputLog, restart_point, summarize
 from container.lines import WholeLines
+from container.session import Session
 from container.watchdog import STACK_GRACE, ProgressWatch
 from job.protocol import FailureKind, parse_active
 
 
 class StopSignals:
-    """Installs the SIGTERM/SIGINT handler for the duration of one mpirun."""
+    """Installs the SIGTERM/SIGINT handler for the duration of one mpirun (or data host's
+    program: with `forward` off, the stop is not passed on, container.data_host)."""
 
-    def __init__(self, process: subprocess.Popen, grace: float):
-        self.process = process
+    def __init__(self, session: Session, grace: float, forward: bool = True):
+        self.session = session
+        self.process = session.process
         self.grace = grace
+        self.forward = forward
         self.received = threading.Event()
         self.overdue = False  # the ranks were still running `grace` s after the stop
         self.previous = {}
@@ -59,9 +65,15 @@ class StopSignals:
             self.escalate()
             return
         self.received.set()
-        print(f"launcher: received {signal.Signals(signum).name}; asking the ranks to save a "
-              f"checkpoint and stop (grace {self.grace:g} s)", flush=True)
-        self._signal(signal.SIGUSR1)
+        name = signal.Signals(signum).name
+        if self.forward:
+            print(f"launcher: received {name}; asking the ranks to save a checkpoint and stop "
+                  f"(grace {self.grace:g} s)", flush=True)
+            self.session.signal_program(signal.SIGUSR1)
+        else:
+            print(f"launcher: received {name}; {self.session.name} runs on until the ranks "
+                  f"have saved their checkpoint and the leader reports the job's end (grace "
+                  f"{self.grace:g} s)", flush=True)
         threading.Thread(target=self._deadline, daemon=True).start()
 
     def _deadline(self) -> None:
@@ -69,6 +81,10 @@ class StopSignals:
             self.process.wait(timeout=self.grace)
         except subprocess.TimeoutExpired:
             self.overdue = True
+            if not self.forward:  # no ranks here to ask for their stacks
+                self.escalate(f"no end of the job reported within the grace of "
+                              f"{self.grace:g} s")
+                return
             print(f"launcher: the ranks did not stop within the grace of {self.grace:g} s; "
                   "asking every rank for its Python stack, then stopping the job", flush=True)
             self.stacks_then_escalate()
@@ -76,32 +92,26 @@ class StopSignals:
     def stacks_then_escalate(self) -> None:
         """Every rank prints its Python stack (SIGUSR2, which mpirun forwards: faulthandler in
         train.rank), then the job is ended."""
-        self._signal(signal.SIGUSR2)
+        self.session.signal_program(signal.SIGUSR2)
         try:
             self.process.wait(timeout=STACK_GRACE)
         except subprocess.TimeoutExpired:
             self.escalate()
 
     def escalate(self, why: str = "ranks did not stop in time") -> None:
-        print(f"launcher: {why}; terminating {os.path.basename(self.process.args[0])}",
-              flush=True)
-        self._signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._signal(signal.SIGKILL)
-
-    def _signal(self, sig: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, sig)
+        """End the program and every process it started (container.session)."""
+        self.session.end(why)
 
 
-def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
-               env: dict[str, str] | None = None, watch: ProgressWatch | None = None,
-               abort: threading.Event | None = None,
-               checkpoint_dir: Path | None = None) -> Outcome:
-    """Run mpirun to the end, echoing its output; the outcome says who failed and why.
+def run_supervised(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
+                   env: dict[str, str] | None = None, watch: ProgressWatch | None = None,
+                   abort: threading.Event | None = None, checkpoint_dir: Path | None = None,
+                   forward_stop: bool = True) -> Outcome:
+    """Run mpirun (or a data host's program) to the end in a session of its own
+    (container.session), echoing its output; the outcome says who failed and why.
     `abort`, once set, ends it at once (the job failed elsewhere: a data host);
+    `forward_stop` off: a stop is not passed on to the program, which runs on until `abort`
+    or the grace ends it (a data host's, container.data_host);
     `checkpoint_dir`: where a stop's reason looks for the checkpoint a restart resumes from."""
     log, lines = OutputLog(), WholeLines()
 
@@ -115,17 +125,16 @@ def run_mpirun(argv: list[str], *, grace: float, host_of_rank: Callable[[int], s
         sys.stdout.write(line + "\n")
         log.add(line)
 
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env, text=True, bufsize=1,
-                               errors="replace")
-    with StopSignals(process, grace) as stops:
+    session = Session(argv, env)
+    process = session.process
+    with StopSignals(session, grace, forward_stop) as stops:
         if watch is not None:
             threading.Thread(target=_watchdog, args=(process, watch, stops),
                              daemon=True).start()
         if abort is not None:
             threading.Thread(target=_aborter, args=(process, abort, stops),
                              daemon=True).start()
-        for output_line in process.stdout:
+        for output_line in session.output():
             for line in lines.feed(output_line):
                 take(line)
         exit_code = process.wait()

@@ -70,9 +70,10 @@ from job.validated import BUILTIN_ONLY_MARKER, validate_hyperparameters
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
 from container.restarts import run_with_restarts
+from container.session import adopt_orphans, end_descendants
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
-from container.supervisor import run_mpirun
+from container.supervisor import run_supervised
 from container.watchdog import ProgressWatch
 
 
@@ -219,9 +220,9 @@ def supervise(plan: LaunchPlan, paths: MlPaths,
     def attempt() -> Outcome:
         watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
                                  cluster.world_size, plan.stall_check)
-        return root_cause(run_mpirun(list(plan.mpirun), grace=plan.launch.stop_grace,
-                                     host_of_rank=cluster.host_of_rank, watch=watch,
-                                     abort=abort, checkpoint_dir=paths.checkpoint_dir))
+        return root_cause(run_supervised(list(plan.mpirun), grace=plan.launch.stop_grace,
+                                         host_of_rank=cluster.host_of_rank, watch=watch,
+                                         abort=abort, checkpoint_dir=paths.checkpoint_dir))
 
     return run_with_restarts(attempt, plan.launch.max_restarts, paths.checkpoint_dir,
                              paths.output_data_dir)
@@ -290,6 +291,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     # The leader stops the job on SIGTERM; this host must keep its ranks alive meanwhile.
     previous = signal.signal(signal.SIGTERM, lambda *_: print(
         "launcher: SIGTERM received; the leader is stopping the job", flush=True))
+    adopt_orphans()  # what a rank leaves here outlives the MPI daemon that started it
     try:
         outcome = follow_leader(
             cluster.leader, launch.coordinator_port, cluster.current_host, address=address,
@@ -299,6 +301,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         signal.signal(signal.SIGTERM, previous)
         for process in started:
             sshd.stop(process)
+        end_descendants("every process the job left on this host", "the job has ended")
     print(f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}",
           flush=True)
     return relayed(outcome, cluster.current_host, cluster.leader)

@@ -146,6 +146,21 @@ def newest_state(root: Path) -> dict:
     return json.loads((newest / "state.json").read_text())
 
 
+def kill_host(launcher: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process below it, as a lost host (a reclaimed spot
+    instance) takes them all at once. Its process group is not enough: mpirun and a data
+    host's script run in sessions of their own (container.session)."""
+    import psutil
+
+    root = psutil.Process(launcher.pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    launcher.wait()
+
+
 def failure_of(root: Path) -> str:
     path = root / "output" / "failure"
     return path.read_text() if path.exists() else ""

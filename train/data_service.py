@@ -39,10 +39,10 @@ def main() -> None:
         port=int(port) + 1)))
     roles = "dispatcher and worker" if len(servers) == 2 else "worker"
     print(f"data service: {roles} on {host}, dispatcher {dispatcher_host}:{port}", flush=True)
+    # A stop is the ranks' to act on: they save at an agreed step, which needs their next
+    # batches. The launcher of a data host does not pass it on (container.data_host): the
+    # servers run until the leader reports the training's end and the launcher ends them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    # A stop (the launcher's SIGUSR1) is the ranks' to act on: they save at an agreed step,
-    # which needs their next batches; the servers run until the training has ended.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     servers[-1].join()
 
 

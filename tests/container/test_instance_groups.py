@@ -7,7 +7,6 @@ anything starts."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -19,12 +18,14 @@ from job.paths import MlPaths
 from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
 from scripts.digits_files import write_digits
-from tests.conftest import failure_of, run_train
+from tests.conftest import failure_of, kill_host, run_train
 from tests.container.test_multi_host import start
+from tests.container.test_session import running
 
 TRAIN_HOSTS, DATA_HOSTS = ("127.0.0.1", "127.0.0.2"), ("127.0.0.3",)
 GROUPS = (InstanceGroup("train", "ml.p4d.24xlarge", TRAIN_HOSTS),
           InstanceGroup("data", "ml.c5.18xlarge", DATA_HOSTS))
+ONE_TRAINING_HOST = (InstanceGroup("train", "ml.g5.xlarge", ("127.0.0.1",)), GROUPS[1])
 PROBE = '''
 import json, os, sys, time
 info = {name: os.environ.get(name) for name in (
@@ -41,16 +42,23 @@ with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], name), "w") as out:
 if info["SM_CURRENT_INSTANCE_GROUP"] == "data":
     if "--data-fails" in sys.argv:
         raise ValueError("the decoder crashed")
+    if "--data-helper" in sys.argv:  # a helper that holds our stdout for a minute
+        import subprocess
+        subprocess.Popen([sys.executable, "-c", "import os, sys, time\\n"
+                          "open(sys.argv[1], 'w').write(str(os.getpid()))\\ntime.sleep(60)",
+                          os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "helper.pid")])
     time.sleep(600)  # a data server: the end of the training stops it
 '''
 
 
 @pytest.fixture
 def hetero(tmp_path):
-    """hetero(hyperparameters, groups=GROUPS) -> {host: ml root}: a script-mode job of two
-    instance groups, as SageMaker lays it out on each host."""
+    """hetero(hyperparameters, groups=GROUPS, source=PROBE) -> {host: ml root}: a script-mode
+    job of two instance groups running probe.py (`source`), as SageMaker lays it out on each
+    host."""
 
-    def make(hyperparameters: dict, groups=GROUPS, program="probe.py", data=None) -> dict:
+    def make(hyperparameters: dict, groups=GROUPS, program="probe.py", data=None,
+             source=PROBE) -> dict:
         sshd, coordinator, data_service = free_ports(3)
         values = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 60,
                   "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
@@ -67,7 +75,7 @@ def hetero(tmp_path):
                 if data:
                     write_digits(paths.data_dir, data)
                 (paths.code_dir).mkdir(parents=True)
-                (paths.code_dir / "probe.py").write_text(PROBE)
+                (paths.code_dir / "probe.py").write_text(source)
                 roots[host] = paths.root
         return roots
 
@@ -118,8 +126,7 @@ def test_ranks_run_on_the_training_group_and_the_data_host_runs_until_the_traini
 def test_one_training_host_runs_its_ranks_locally_beside_a_data_host(hetero):
     """No ssh between training hosts, yet the data host still joins the leader and ends with
     the job."""
-    groups = (InstanceGroup("train", "ml.g5.xlarge", ("127.0.0.1",)), GROUPS[1])
-    roots = hetero({**TRAINING, "processes_per_host": 2}, groups=groups)
+    roots = hetero({**TRAINING, "processes_per_host": 2}, groups=ONE_TRAINING_HOST)
     ended = run_all(roots)
     assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), \
         ended["127.0.0.1"][1][-3000:]
@@ -127,6 +134,79 @@ def test_one_training_host_runs_its_ranks_locally_beside_a_data_host(hetero):
     assert [json.loads((data_dir / f"127.0.0.1-{rank}.json").read_text())["sum"]
             for rank in (0, 1)] == [2, 2]
     assert (roots["127.0.0.3"] / "output" / "data" / "127.0.0.3-alone.json").exists()
+
+
+def test_the_data_host_ends_the_helper_its_script_left_and_exits_with_the_training(hetero):
+    """The script starts a helper that holds the script's output for 60 s: the training's end
+    ends both, and the data host exits then, not when the helper would have ended. (One that
+    ignores SIGTERM is killed 10 s later: tests/container/test_session.py.)"""
+    roots = hetero({**TRAINING, "train-seconds": 5, "data-helper": ""}, groups=ONE_TRAINING_HOST)
+    started = time.monotonic()
+    ended = run_all(roots)
+    took = time.monotonic() - started
+    data = ended[DATA_HOSTS[0]][1]
+    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), data
+    assert took < 30, data  # the helper's 60 s
+    helper = int((roots[DATA_HOSTS[0]] / "output" / "data" / "helper.pid").read_text())
+    assert not running(helper), data
+    assert "launcher: the job ended on another host; ending python" in data, data
+
+
+# The data host serves batches (AWS's pattern: a tf.data service on the data group); the rank,
+# stopped, saves a checkpoint that needs one more batch from it.
+SERVE_THROUGH_THE_STOP = '''
+import json, os, socket, time
+with open(os.path.join(os.environ["SM_INPUT_CONFIG_DIR"], "hyperparameters.json")) as config:
+    port = int(json.load(config)["data_service_port"])  # free: a script job runs no service
+out = os.environ["SM_OUTPUT_DATA_DIR"]
+if os.environ["SM_CURRENT_INSTANCE_GROUP"] == "data":
+    server = socket.create_server(("127.0.0.3", port))
+    open(os.path.join(out, "serving"), "w").close()
+    while True:
+        connection, _ = server.accept()
+        connection.sendall(b"batch\\n")
+        connection.close()
+from train.rank import StopRequest
+StopRequest.arm()  # this rank saves on a stop
+open(os.path.join(out, "training"), "w").close()
+while not StopRequest.requested():
+    time.sleep(0.05)
+time.sleep(1)  # the agreed step, then the save
+try:
+    with socket.create_connection(("127.0.0.3", port), timeout=10) as connection:
+        last = connection.makefile().readline().strip()
+except OSError as error:
+    last = f"{type(error).__name__}: {error}"
+with open(os.path.join(out, "saved"), "w") as saved:
+    saved.write(last)
+raise SystemExit(143)
+'''
+
+
+def test_a_stop_keeps_the_data_hosts_script_serving_until_the_ranks_have_saved(hetero):
+    """SageMaker's SIGTERM reaches every host at once; the data host's script is not stopped
+    by it but by the training's end, after the ranks' checkpoint, as the built-in data
+    service is."""
+    roots = hetero({"sagemaker_distribution_instance_groups": "train"},
+                   groups=ONE_TRAINING_HOST, source=SERVE_THROUGH_THE_STOP)
+    launchers = {host: start(root) for host, root in reversed(roots.items())}
+    ready = [roots[DATA_HOSTS[0]] / "output" / "data" / "serving",
+             roots["127.0.0.1"] / "output" / "data" / "training"]
+    deadline = time.monotonic() + 120
+    while not all(path.exists() for path in ready):
+        for launcher in launchers.values():
+            assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.1)
+    for launcher in launchers.values():
+        launcher.send_signal(signal.SIGTERM)
+    outputs = {host: launcher.communicate(timeout=120)[0] for host, launcher in
+               launchers.items()}
+    codes = {host: launcher.returncode for host, launcher in launchers.items()}
+    assert codes == dict.fromkeys(roots, 143), outputs[DATA_HOSTS[0]][-3000:]
+    assert (roots["127.0.0.1"] / "output" / "data" / "saved").read_text() == "batch", \
+        outputs[DATA_HOSTS[0]][-3000:]
+    assert "runs on until the ranks have saved their checkpoint" in outputs[DATA_HOSTS[0]]
 
 
 def test_a_failing_data_host_script_ends_the_training_with_its_reason(hetero):
@@ -148,8 +228,7 @@ def test_a_data_host_that_vanishes_is_named_and_the_job_ends(hetero):
     while not (roots[DATA_HOSTS[0]] / "output" / "data" / "127.0.0.3-alone.json").exists():
         assert data.poll() is None, data.communicate()[0][-3000:]
         time.sleep(0.2)
-    os.killpg(data.pid, signal.SIGKILL)  # the host is gone, script and all
-    data.wait()
+    kill_host(data)  # the host is gone, script and all
     codes = {host: launcher.wait(timeout=90) for host, launcher in workers.items()}
     assert codes == dict.fromkeys(TRAIN_HOSTS, 3)
     reason = failure_of(roots[TRAIN_HOSTS[0]])

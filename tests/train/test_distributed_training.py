@@ -1,13 +1,12 @@
 """Real mpirun, real Horovod, real processes: the trainer and the launcher end to end."""
 
 import json
-import os
-import signal
 import subprocess
 import time
 
 
-from tests.conftest import ROOT, TRAIN, failure_of, newest_state, run_train
+from tests.conftest import (ROOT, TRAIN, failure_of, kill_host, newest_state,
+                            run_train)
 
 
 def metrics_lines(output: str) -> list[str]:
@@ -62,8 +61,7 @@ def test_killed_job_resumes_from_its_checkpoint(make_job):
     while not (root / "checkpoints" / "epoch-000002").exists():
         assert time.monotonic() < deadline and job.poll() is None, "no checkpoint appeared"
         time.sleep(0.2)
-    os.killpg(job.pid, signal.SIGKILL)  # no warning: like a lost spot instance
-    job.wait()
+    kill_host(job)  # no warning: like a lost spot instance
     done = newest_state(root)
     hyperparameters = root / "input" / "config" / "hyperparameters.json"
     hyperparameters.write_text(json.dumps({"epochs": str(done["epochs_done"] + 2),
