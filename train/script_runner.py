@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from job import notices
-from train import apart
+from train import apart, keras_script
 from job.sagemaker_config import read_channels, read_resources, resource_document
 from train.rank import RankContext, run_rank
 from job.rank_job import DATA_HOST_ENV, RankJob, read_rank_job
@@ -106,6 +106,7 @@ def main(context: RankContext) -> None:
     sys.argv = [str(script), *arguments]
     sys.path.insert(0, str(script.parent))
     release(shadowed(script))
+    keras_script.install()  # once the script imports Keras 3: layout warnings, saves across hosts
     runpy.run_path(str(script), run_name="__main__")
     if not data_host:
         check_trained_together(context, mwms=bool(job.tf_workers))

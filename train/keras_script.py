@@ -1,0 +1,346 @@
+"""What script mode adds to Keras 3 in a user's script, once the script imports `keras`.
+
+train.script_runner calls `install()` before the script runs; nothing is imported then (a
+script that never imports Keras 3 pays nothing, and its backend stays its own choice). When the
+script's `import keras` finishes, `patch` changes three things, each said in the log:
+
+- **Layouts** (JAX backend): every LayoutMap lookup is recorded, and when `fit` (or
+  `train_on_batch`) first makes a model's train function, before its first step, process 0
+  warns of each layout key that matched no variable and of a ModelParallel run that split
+  none of the model's variables (train.layouts). Nothing else changes.
+- **Saves across hosts** (JAX backend): inside `model.save`, `save_weights` and
+  `get_weights`, a variable split over devices of several processes (a model axis across
+  hosts) is gathered with `jax.experimental.multihost_utils.process_allgather`, a collective:
+  every process must make the same call, as keras.io's guide has every process call
+  `model.save` (process 0 into SM_MODEL_DIR, the others to scratch). Keras itself raises
+  "Fetching value for jax.Array that spans non-addressable devices" there. Before gathering,
+  the processes agree that what the call holds at once fits each host's memory (the whole
+  weights for `get_weights`; the largest variable for a save, which Keras writes one variable
+  at a time): else every process raises ModelTooLarge, saying what to call instead. Outside
+  these calls, reading such a variable raises as before (one process alone would wait
+  forever in the collective).
+- **No torn files** (any backend): `model.save` and `save_weights` to a local file write
+  `.<pid>.partial.<name>` beside it and rename it on success; a failed save leaves nothing
+  (Keras leaves a 3 KB broken `.keras` when a variable cannot be read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from job.errors import ConfigError
+from train import layouts
+
+
+class ModelTooLarge(ConfigError):
+    """What a save or get_weights must hold at once does not fit some host's memory."""
+
+
+def install() -> None:
+    """Patch Keras 3 now if the script's process already imported it, else when it does."""
+    if "keras" in sys.modules:
+        patch(sys.modules["keras"])
+    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("keras", patch))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` once the module `name` has been imported: its spec is found
+    by the other finders, and that spec's own loader runs `callback` after executing it."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name, self.callback, self.busy = name, callback, False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute, callback = spec.loader.exec_module, self.callback
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            del spec.loader.exec_module  # the loader's own again
+            callback(module)
+
+        spec.loader.exec_module = exec_module  # this spec's loader only
+        return spec
+
+
+def say(text: str) -> None:
+    """One line in the job's log from process 0 (every process would say the same)."""
+    if _process_index() == 0:
+        sys.stderr.write(f"launcher: {text}\n")
+        sys.stderr.flush()
+
+
+def _process_index() -> int:
+    jax = sys.modules.get("jax")
+    try:
+        return jax.process_index() if jax else 0
+    except Exception:  # noqa: BLE001 - a backend that cannot start: say it anyway
+        return 0
+
+
+def patch(keras: Any) -> None:
+    """Install the changes the module docstring lists into this process's Keras 3."""
+    version = str(getattr(keras, "__version__", ""))
+    if not version.startswith("3.") or getattr(keras, "_launcher_patched", False):
+        return  # Keras 2, a user's own `keras` module, or done already
+    keras._launcher_patched = True
+    from keras.src.saving import saving_api
+
+    jax_backend = keras.backend.backend() == "jax"
+    for name in ("save_model", "save_weights"):
+        wrapped = _saving(getattr(saving_api, name), name, gather=jax_backend)
+        setattr(saving_api, name, wrapped)  # Model.save/save_weights call it through here
+        for public in (keras.saving, keras.models):
+            if getattr(public, name, None) is not None:
+                setattr(public, name, wrapped)
+    if jax_backend:
+        _patch_layouts(keras)
+        _patch_reads(keras)
+
+
+# --- layouts -----------------------------------------------------------------------------
+
+def _patch_layouts(keras: Any) -> None:
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    layout_map_class = keras.distribution.LayoutMap
+    lookup = layout_map_class.__getitem__
+
+    @functools.wraps(lookup)
+    def __getitem__(self: Any, key: str) -> Any:
+        self.__dict__.setdefault(layouts.LOOKED_UP, set()).add(key)
+        return lookup(self, key)
+
+    layout_map_class.__getitem__ = __getitem__
+    make = JAXTrainer.make_train_function
+
+    @functools.wraps(make)
+    def make_train_function(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = make(self, *args, **kwargs)
+        if not getattr(self, "_launcher_layouts_checked", False):
+            self._launcher_layouts_checked = True
+            distribution = keras.distribution.distribution()
+            layout_map = getattr(distribution, "_layout_map", None)
+            judged = layout_map.__dict__.setdefault("_launcher_judged", set()) \
+                if layout_map is not None else set()
+            for text in layouts.check(self, distribution, judged):
+                say(f"WARNING: {text}")
+        return result
+
+    JAXTrainer.make_train_function = make_train_function
+
+
+# --- saves across hosts -------------------------------------------------------------------
+
+_local = threading.local()  # .call: the save or get_weights under way in this thread
+
+
+def whole_in_every_process(indices_by_process: Mapping[int, set], processes: int) -> bool:
+    """Whether each of `processes` holds every distinct piece of an array among its own
+    devices (`indices_by_process`: process -> the pieces its devices hold), so that each reads
+    it whole without a collective (JAX's own rule, applied to every process alike)."""
+    pieces = set().union(*indices_by_process.values()) if indices_by_process else set()
+    return all(indices_by_process.get(process, set()) == pieces
+               for process in range(processes))
+
+
+def spans_processes(array: Any) -> bool:
+    """Whether reading this JAX array whole needs the other processes (the same answer on
+    every process, from the sharding that all of them share)."""
+    import jax
+
+    if not isinstance(array, jax.Array) or array.is_fully_addressable:
+        return False
+    by_process: dict[int, set] = {}
+    for device, index in array.sharding.devices_indices_map(array.shape).items():
+        piece = tuple((s.start, s.stop, s.step) for s in index)
+        by_process.setdefault(device.process_index, set()).add(piece)
+    return not whole_in_every_process(by_process, jax.process_count())
+
+
+def available_memory(meminfo: str, cgroup_max: str | None, cgroup_current: str | None) -> int:
+    """Bytes this host can still give a process: MemAvailable, or less where a cgroup (the
+    container's memory limit) allows less."""
+    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines()
+                      if line.startswith("MemAvailable:")), 0)
+    if cgroup_max and cgroup_max.strip().isdigit() and cgroup_current:
+        available = min(available, int(cgroup_max) - int(cgroup_current))
+    return max(available, 0)
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def host_memory() -> int:
+    return available_memory(_read("/proc/meminfo") or "", _read("/sys/fs/cgroup/memory.max"),
+                            _read("/sys/fs/cgroup/memory.current"))
+
+
+def gib(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+def too_large(call: str, need: int, hosts: list[tuple[int, int]]) -> str | None:
+    """Why `call` cannot hold `need` bytes at once, given each process's (index, bytes
+    available) on its host; None when every one can."""
+    short = [(process, free) for process, free in hosts if free < need]
+    if not short:
+        return None
+    process, free = short[0]
+    what = "the model's weights" if call == "get_weights" else "its largest variable"
+    return (f"{call} gathers {what} ({gib(need)}) onto every process, but process {process}'s "
+            f"host has {gib(free)} of memory free. Save the model sharded instead, each "
+            "process writing its own shards (for each variable, "
+            "`variable.value.addressable_shards`: each shard's `.index` and `.data`), or give "
+            "each host more memory")
+
+
+def _nbytes(variable: Any) -> int:
+    import numpy as np
+
+    size = 1
+    for dimension in variable.shape:
+        size *= int(dimension)
+    return size * np.dtype(variable.dtype).itemsize
+
+
+def _variables(model: Any, call: str) -> list:
+    """The variables `call` reads: the weights, or for a save every variable Keras saves."""
+    if call == "get_weights":
+        return list(model.weights)
+    found = list(getattr(model, "variables", ()))
+    optimizer = getattr(model, "optimizer", None)
+    found += list(getattr(optimizer, "variables", ()) or ())
+    return found
+
+
+@contextlib.contextmanager
+def gathering(model: Any, call: str) -> Iterator[None]:
+    """Within: a read of a variable that spans processes gathers it (every process must be
+    making the same call). Checks first, with every process, that it fits each host."""
+    if getattr(_local, "call", None) is not None:
+        yield  # inside another (model.save calls saving_api.save_model)
+        return
+    variables = [v for v in _variables(model, call) if hasattr(v, "value")]
+    spanning = [v for v in variables if spans_processes(v.value)]
+    if not spanning:
+        yield
+        return
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    sizes = [_nbytes(v) for v in (variables if call == "get_weights" else spanning)]
+    need = sum(sizes) if call == "get_weights" else max(sizes)
+    free = multihost_utils.process_allgather(np.array([host_memory()], dtype=np.int64))
+    reason = too_large(call, need, list(enumerate(int(f) for f in np.ravel(free))))
+    if reason:
+        raise ModelTooLarge(reason)
+    if call not in _said:
+        _said.add(call)
+        say(f"{call} gathers the shards of {len(spanning)} variables "
+            f"({gib(sum(_nbytes(v) for v in spanning))}) from {jax.process_count()} processes "
+            "onto every process, so that process 0 holds the whole model; every process must "
+            f"call {call} (train.keras_script)")
+    _local.call = call
+    try:
+        yield
+    finally:
+        _local.call = None
+
+
+_said: set[str] = set()
+
+
+def _patch_reads(keras: Any) -> None:
+    """Variables read whole inside `gathering`; get_weights runs inside it."""
+    from keras.src.backend.jax.core import JaxVariable
+    from keras.src.layers.layer import Layer
+
+    read = JaxVariable.__array__
+
+    def __array__(self: Any, dtype: Any = None) -> Any:
+        if getattr(_local, "call", None) is not None and spans_processes(self.value):
+            import numpy as np
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(self.value, tiled=True),
+                              dtype=dtype)
+        return read(self, dtype)
+
+    JaxVariable.__array__ = __array__
+    get_weights = Layer.get_weights
+
+    @functools.wraps(get_weights)
+    def gathered_weights(self: Any) -> Any:
+        with gathering(self, "get_weights"):
+            return get_weights(self)
+
+    Layer.get_weights = gathered_weights
+
+
+# --- no torn files ------------------------------------------------------------------------
+
+def partial_path(target: Path, pid: int) -> Path:
+    """Where a save to `target` writes first: beside it (one file system, so the rename is
+    atomic), hidden, and ending as `target` does (Keras picks the format by the ending)."""
+    return target.with_name(f".{pid}.partial.{target.name}")
+
+
+def local_file(filepath: Any, kwargs: Mapping[str, Any]) -> Path | None:
+    """The local file a save writes, or None where it writes something else (a folder with
+    zipped=False, shards with max_shard_size, a remote or file-like target)."""
+    if not isinstance(filepath, (str, os.PathLike)) or kwargs.get("zipped") is False or \
+            kwargs.get("max_shard_size") is not None:
+        return None
+    text = os.fspath(filepath)
+    if "://" in text or text.endswith(".weights.json"):
+        return None
+    return Path(text)
+
+
+def _saving(save: Callable[..., Any], call: str, gather: bool) -> Callable[..., Any]:
+    name = "model.save" if call == "save_model" else "save_weights"
+
+    @functools.wraps(save)
+    def wrapper(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        context = gathering(model, name) if gather else contextlib.nullcontext()
+        target = local_file(filepath, kwargs)
+        overwrite = args[0] if args else kwargs.get("overwrite", True)
+        if target is None or (not overwrite and target.exists()):
+            with context:
+                return save(model, filepath, *args, **kwargs)
+        partial = partial_path(target, os.getpid())
+        try:
+            with context:
+                result = save(model, partial, *args, **kwargs)
+            os.replace(partial, target)
+        except BaseException:
+            if partial.exists():
+                partial.unlink()
+                say(f"{name} to {target} failed: its partial file was removed")
+            raise
+        return result
+
+    return wrapper
