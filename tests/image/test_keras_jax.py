@@ -216,3 +216,36 @@ def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(engine, tf_ima
     assert "checkpoints: resumed from /opt/ml/checkpoints/epoch-000001.1 (epoch 1, step" in \
         resumed, resumed[-3000:]
     assert "initial_epoch 1" in resumed and "trained to the end" in resumed
+
+
+MODEL_PARALLEL = Path(__file__).parents[2] / "train" / "examples" / "keras_model_parallel_script.py"
+
+
+def test_a_guide_model_parallel_script_is_warned_and_saves_a_model_split_across_hosts(
+        engine, tf_image, data, tmp_path):
+    """keras.io's ModelParallel code on 2 hosts x 2 devices, mesh 1x4 (the model axis across
+    the hosts): the guide's key "d1/kernel" matches no path and is named in the log with the
+    key that would; ".*d1/kernel" splits the kernel, and `model.save` on every process writes
+    the whole model on process 0 (Keras alone raises there and leaves a broken file), equal to
+    what `get_weights` returns, with no partial file left."""
+    values = {k: str(v) for k, v in {**GUIDE, "sagemaker_program": MODEL_PARALLEL.name,
+                                     "layout-keys": "d1/kernel,.*d1/kernel"}.items()}
+    spec = local_cluster.ClusterSpec(
+        hosts=2, workdir=tmp_path / "cluster", data=data, image=tf_image,
+        hyperparameters=values,
+        environment={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    codes, output = run_to_end(engine, spec, "keras-mp", code_folder(tmp_path, MODEL_PARALLEL))
+    assert codes == {"algo-1": 0, "algo-2": 0}, output
+    assert ("launcher: WARNING: layout key 'd1/kernel' matched no variable; paths look like "
+            "'sequential/d1/kernel' (LayoutMap matches a key against the whole path: "
+            "'.*d1/kernel' would match 'sequential/d1/kernel')") in output, output[-3000:]
+    assert "ModelParallel sharded none" not in output, output[-3000:]
+    assert "process 0: d1 kernel PartitionSpec(None, 'model')" in output or \
+        "process 0: d1 kernel P(None, 'model')" in output, output[-3000:]
+    assert "launcher: model.save gathers the shards of 3 variables" in output, output[-3000:]
+    weights = re.findall(r"WEIGHTS process \d: (\w+)", output)
+    assert len(weights) == 2 and len(set(weights)) == 1, output[-3000:]
+    assert "LOADED 4 arrays, equal to get_weights: True" in output, output[-3000:]
+    model_dir = local_cluster.host_paths(spec, "algo-1").model_dir
+    assert sorted(p.name for p in model_dir.iterdir()) == ["model.keras"]
+    assert not any(local_cluster.host_paths(spec, "algo-2").model_dir.iterdir())

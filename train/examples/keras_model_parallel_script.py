@@ -3,9 +3,10 @@ it under the launcher: `keras.distribution.initialize()`, a (data, model) mesh o
 device of every process, a LayoutMap with the guide's keys, `fit`, then every process calls
 `model.save` (process 0 into SM_MODEL_DIR, the others to scratch) and `get_weights`.
 
-Its layers are named d1 and d2, as the guide's keys assume. `--layout-key` is the guide's
+Its layers are named d1 and d2, as the guide's keys assume. `--layout-keys` is the guide's
 "d1/kernel" by default, which matches no path (`sequential/d1/kernel`): the launcher names it
-in the log. `--auto true` uses train.layouts.auto_model_parallel instead of the LayoutMap.
+in the log; ".*d1/kernel" splits d1's kernel over the model axis. `--auto true` uses
+train.layouts.auto_model_parallel instead of the LayoutMap.
 Process 0 loads what it saved and prints whether its weights equal get_weights()'."""
 
 import argparse
@@ -18,7 +19,7 @@ import keras
 import numpy as np
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--layout-key", default="d1/kernel")
+parser.add_argument("--layout-keys", default="d1/kernel")  # comma-separated
 parser.add_argument("--mesh", default="1x4")  # data x model
 parser.add_argument("--auto", default="false")
 parser.add_argument("--model-dir", default=os.environ.get("SM_MODEL_DIR"))
@@ -35,7 +36,8 @@ if args.auto == "true":
     distribution = auto_model_parallel(mesh, batch_dim_name="data", auto_shard_dataset=False)
 else:
     layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map[args.layout_key] = (None, "model")
+    for key in args.layout_keys.split(","):
+        layout_map[key] = (None, "model")
     distribution = keras.distribution.ModelParallel(layout_map=layout_map,
                                                     batch_dim_name="data",
                                                     auto_shard_dataset=False)
