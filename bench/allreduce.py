@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Sequence
 
-from container.plan import CPU_RANK_ENV
 from bench.launch import mpirun_argv, run
 from bench.results import Measurement, Target, median
+from container.plan import CPU_RANK_ENV
 
 PIECES = 8
 KB, MB = 1024, 1024 * 1024
@@ -98,11 +99,11 @@ def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
             continue
         send = np.full(size // 4, comm.rank + 1, dtype=np.float32)
         receive = np.empty_like(send)
-        mpi, iterations = _timed(comm, lambda: comm.Allreduce(send, receive, op=MPI.SUM),
+        mpi, iterations = _timed(comm, partial(comm.Allreduce, send, receive, op=MPI.SUM),
                                  repeats)
         if not np.all(receive == sum(range(1, comm.size + 1))):
             raise RuntimeError(f"MPI_Allreduce of {size} bytes returned a wrong sum")
-        memcpy, _ = _timed(comm, lambda: np.copyto(receive, send), repeats)
+        memcpy, _ = _timed(comm, partial(np.copyto, receive, send), repeats)
         results[size] = {"bytes": size, "mpi_iterations": iterations, "mpi_seconds": mpi,
                          "memcpy_seconds": memcpy}
 
@@ -120,8 +121,11 @@ def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
             continue
         send = np.full(size // 4, comm.rank + 1, dtype=np.float32)
         tensor = tf.constant(send)
-        single_fn = tf.function(lambda t: hvd.allreduce(t, op=hvd.Average, name=f"one{size}"))
-        entry["horovod_seconds"], _ = _timed(comm, lambda: single_fn(tensor), repeats)
+        # The closures below are traced and run within this iteration: `size` is the current one.
+        single_fn = tf.function(
+            lambda t: hvd.allreduce(t, op=hvd.Average, name=f"one{size}")  # noqa: B023
+        )
+        entry["horovod_seconds"], _ = _timed(comm, partial(single_fn, tensor), repeats)
         expected = sum(range(1, comm.size + 1)) / comm.size
         if not np.allclose(single_fn(tensor).numpy()[:4], expected):
             raise RuntimeError(f"Horovod allreduce of {size} bytes returned a wrong average")
@@ -129,10 +133,10 @@ def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
 
         @tf.function
         def fused_fn(*tensors):
-            return [hvd.allreduce(t, op=hvd.Average, name=f"piece{size}_{i}")
+            return [hvd.allreduce(t, op=hvd.Average, name=f"piece{size}_{i}")  # noqa: B023
                     for i, t in enumerate(tensors)]
 
-        entry["horovod_fused_seconds"], _ = _timed(comm, lambda: fused_fn(*pieces), repeats)
+        entry["horovod_fused_seconds"], _ = _timed(comm, partial(fused_fn, *pieces), repeats)
         del tensor, pieces
     if comm.rank == 0:
         out.write_text(json.dumps({"ranks": comm.size, "pieces": PIECES,

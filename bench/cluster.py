@@ -32,17 +32,17 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
-from container.network import free_ports
-from job.protocol import parse_mark, parse_metrics
 from bench.jobs import DataShape, synthetic, write_job, write_npz
 from bench.launch import PYTHON, TRAIN, log
 from bench.results import Measurement, Target, median
 from bench.sizes import Sizes
+from container.network import free_ports
+from job.protocol import parse_mark, parse_metrics
 from scripts.local_cluster import ClusterSpec, ComposeCluster, Engine, write_cluster
 
 BARE_IMPORT = "import tensorflow, horovod.tensorflow"
@@ -187,7 +187,7 @@ def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = 
     reader.join(timeout=10)
     if leader.returncode or worker.returncode:
         raise RuntimeError(f"the loopback cluster failed (leader {leader.returncode}, worker "
-                           f"{worker.returncode}):\n{''.join(l for _, l in lines)[-2000:]}\n"
+                           f"{worker.returncode}):\n{''.join(text for _, text in lines)[-2000:]}\n"
                            f"worker: {worker_log.read_text()[-1000:]}")
     steps, marks = mark_times(lines)
     if not steps:

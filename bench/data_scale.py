@@ -25,13 +25,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from job.paths import MlPaths
-from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config
 from bench.input_pipeline import iteration_rates
 from bench.jobs import TrainRun, run_trains
 from bench.launch import PYTHON, run
 from bench.results import Measurement, Target, median
 from bench.sizes import Sizes
+from job.paths import MlPaths
+from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
 from scripts.digits_files import write_digits
 
@@ -116,8 +116,8 @@ def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int,
                    service: str = "") -> list[float]:
     """The trainer's augmented pipeline on `channel`, drained here, or read through the
     tf.data service at `service` (item 11)."""
-    from train.data import list_channel
     from job.trainer_config import TrainerConfig
+    from train.data import list_channel
     from train.pipeline import label_lookup, open_source, served, training_input
     from train.sharding import Share
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 
-
 def reference(model, folder: Path) -> None:
     model.save(str(folder / "model"), save_format="tf", include_optimizer=False,
                save_traces=False)
@@ -33,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
-    from train.export import export_model
     from job.trainer_config import TrainerConfig
+    from train.export import export_model
     from train.models import BUILDERS
 
     ways = {"reference (no signature)": reference,

@@ -30,8 +30,8 @@ FORMATS = ("csv", "npz")
 
 
 def channel_source(folder: Path):
-    from train.data import list_channel
     from job.trainer_config import TrainerConfig
+    from train.data import list_channel
     from train.pipeline import open_source
     from train.sharding import Share
 

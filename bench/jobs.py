@@ -14,16 +14,17 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from bench.launch import TRAIN, log, stop
 from job import protocol
 from job.paths import MlPaths
 from job.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
-from bench.launch import TRAIN, log, stop
 
 CLASSES = 10
 RANK_PROGRAM = "train.rank_main"  # the rank processes' `-m` module
@@ -140,7 +141,7 @@ class PeakMemory:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 

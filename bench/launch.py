@@ -7,8 +7,8 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from container import mpirun
 from container.plan import rank_command

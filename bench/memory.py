@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from container.network import free_port
 from bench.cluster import BARE_IMPORT
 from bench.jobs import PeakMemory, peak_rss
 from bench.launch import PYTHON, log, stop
 from bench.results import Measurement
+from container.network import free_port
 
 MB = 1024 * 1024
 SERVE = Path(PYTHON).with_name("serve")
@@ -58,30 +58,29 @@ def serving_peak_rss(ml_root: Path, features: int, requests: int) -> dict:
     port = free_port()
     argv = [str(SERVE), "--ml-root", str(ml_root)]
     log(f"serving: SAGEMAKER_BIND_TO_PORT={port} {' '.join(argv)}")
-    errors = open(ml_root / "serve.log", "w")  # a file: a full pipe would block the server
-    process = subprocess.Popen(argv, stdout=errors, stderr=subprocess.STDOUT,
-                               env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with PeakMemory(process.pid, None, interval=0.1) as memory:
-            deadline = time.monotonic() + READY_TIMEOUT
-            while _get(f"{base}/ping") != 200:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"serve never answered /ping with 200 within "
-                                       f"{READY_TIMEOUT} s on port {port}; see "
-                                       f"{ml_root / 'serve.log'}")
-                time.sleep(0.2)
-            rows = np.random.default_rng(0).standard_normal((64, features))
-            body = "\n".join(",".join(f"{v:.5g}" for v in row) for row in rows).encode()
-            statuses = [_get(f"{base}/invocations", body) for _ in range(requests)]
-            if set(statuses) != {200}:
-                raise RuntimeError(f"serve answered /invocations with {sorted(set(statuses))}")
-            memory.sample()
-        master = peak_rss(process.pid) or 0
-        workers = [peak for pid, peak in memory.peaks.items() if pid != process.pid]
-    finally:
-        stop(process)
-        errors.close()
+    with open(ml_root / "serve.log", "w") as errors:  # a file: a full pipe would block the server
+        process = subprocess.Popen(argv, stdout=errors, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)})
+        base = f"http://127.0.0.1:{port}"
+        try:
+            with PeakMemory(process.pid, None, interval=0.1) as memory:
+                deadline = time.monotonic() + READY_TIMEOUT
+                while _get(f"{base}/ping") != 200:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"serve never answered /ping with 200 within "
+                                           f"{READY_TIMEOUT} s on port {port}; see "
+                                           f"{ml_root / 'serve.log'}")
+                    time.sleep(0.2)
+                rows = np.random.default_rng(0).standard_normal((64, features))
+                body = "\n".join(",".join(f"{v:.5g}" for v in row) for row in rows).encode()
+                statuses = [_get(f"{base}/invocations", body) for _ in range(requests)]
+                if set(statuses) != {200}:
+                    raise RuntimeError(f"serve answered /invocations with {sorted(set(statuses))}")
+                memory.sample()
+            master = peak_rss(process.pid) or 0
+            workers = [peak for pid, peak in memory.peaks.items() if pid != process.pid]
+        finally:
+            stop(process)
     return {"master_bytes": master, "worker_bytes": workers, "requests": requests,
             "rows_per_request": 64}
 

@@ -13,9 +13,9 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 OPERATORS = (">=", "<=")
 TARGET_SUBJECTS = ("ratio", "value")

@@ -40,8 +40,7 @@ from pathlib import Path
 
 from bench import allreduce, cluster, data_scale, hetero, memory, restart, stacks, training
 from bench.launch import PYTHON, REPO, log, run
-from bench.results import (Measurement, Target, markdown_table, report, text_table,
-                                   write_report)
+from bench.results import Measurement, Target, markdown_table, report, text_table, write_report
 from bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE, TF_IMAGE
 

@@ -45,16 +45,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
-from container.network import free_port
-from bench.results import (Measurement, Target, markdown_table, text_table, write_report)
+from bench.results import Measurement, Target, markdown_table, text_table, write_report
 from bench.results import report as results_report
+from container.network import free_port
 from job.metadata import SAVEDMODEL_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -400,7 +400,7 @@ def report(tables: dict[str, dict[int, dict[str, Result]]], started_at: float) -
 # --- the soak run ----------------------------------------------------------------------------
 
 def npy_header_only(shape: str) -> bytes:
-    header = ("{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape).encode()
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}".encode()
     header = header.ljust(117) + b"\n"
     return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
 

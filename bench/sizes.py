@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from bench.allreduce import KB
 
+
 @dataclass(frozen=True)
 class Sizes:
     allreduce_bytes: tuple[int, ...]

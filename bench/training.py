@@ -22,11 +22,11 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from container.plan import CPU_RANK_ENV
 from bench.jobs import CLASSES, DataShape, TrainRun, run_trains, synthetic, write_job
 from bench.launch import PYTHON, run
 from bench.results import Measurement, Target, median
 from bench.sizes import Sizes
+from container.plan import CPU_RANK_ENV
 
 ONE_THREAD = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1"
 RUN_TIMEOUT = 600

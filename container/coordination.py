@@ -40,11 +40,11 @@ import select
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from job.errors import PlatformError, TrainError
 from container.failure import Outcome
 from container.network import address_of
+from job.errors import PlatformError, TrainError
 from job.protocol import FailureKind
 
 HEARTBEAT_INTERVAL = 1.0
@@ -91,7 +91,7 @@ class _Connection:
                 raise ProtocolError(f"a line longer than {MAX_LINE} bytes")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("deadline passed")
+                raise TimeoutError("deadline passed")
             readable, _, _ = select.select([self.sock], [], [], left)
             if readable:
                 chunk = self.sock.recv(MAX_LINE)
@@ -246,7 +246,7 @@ class Leader:
         try:
             answer = self._next_line(peer, started + HANDSHAKE_TIMEOUT) or \
                 "FAIL it closed the connection before reporting ready"
-        except socket.timeout:
+        except TimeoutError:
             answer = (f"FAIL it went silent for {self.heartbeat_timeout:g} s or did not report "
                       f"ready within {HANDSHAKE_TIMEOUT:g} s")
         except (OSError, ProtocolError) as error:  # its failure, not a wait until host_timeout
@@ -295,7 +295,7 @@ class Leader:
         while True:
             try:
                 line = self._next_line(peer, float("inf"))
-            except socket.timeout:
+            except TimeoutError:
                 self._lost(host, f"silent for {self.heartbeat_timeout:g} s")
                 return
             if line == "BYE":
@@ -479,7 +479,7 @@ def _expect(peer: _Connection, leader: str, timeout: float) -> str | Outcome:
     try:
         while (line := peer.read(time.monotonic() + timeout)) == "PING":
             pass
-    except socket.timeout:
+    except TimeoutError:
         raise PlatformError(f"lost contact with the leader {leader}: silent for "
                             f"{timeout:g} s") from None
     except ConnectionResetError:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from container import network
 from container.coordination import ended_line, follow_leader

@@ -28,14 +28,20 @@ import re
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable
 
 from job.checkpoint_folders import STATE, newest_usable
 from job.paths import MlPaths
-from job.protocol import (FailureKind, RankFailure, elide, exit_code, parse_rank_failure,
-                          parse_stopped)
+from job.protocol import (
+    FailureKind,
+    RankFailure,
+    elide,
+    exit_code,
+    parse_rank_failure,
+    parse_stopped,
+)
 
 FAILURE_LIMIT = 1024
 
@@ -65,11 +71,11 @@ class Outcome:
     exit_code: int
 
     @classmethod
-    def success(cls) -> "Outcome":
+    def success(cls) -> Outcome:
         return cls(None, "", 0)
 
     @classmethod
-    def failed(cls, kind: FailureKind, reason: str, rank_code: int = 1) -> "Outcome":
+    def failed(cls, kind: FailureKind, reason: str, rank_code: int = 1) -> Outcome:
         return cls(kind, reason, exit_code(kind, rank_code))
 
 

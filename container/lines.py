@@ -41,9 +41,7 @@ class WholeLines:
         pieces = list(zip(parts[1::2], parts[2::2]))
         for index, (tag, text) in enumerate(pieces):
             line = self.pending.pop(tag, "") + text
-            if ended and index == len(pieces) - 1:
-                whole.append(tag + line)
-            elif len(line) >= self.longest:
+            if ended and index == len(pieces) - 1 or len(line) >= self.longest:
                 whole.append(tag + line)
             else:
                 self.pending[tag] = line

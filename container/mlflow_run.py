@@ -16,15 +16,24 @@ ranks in mpirun's environment, by name: its value is in no command line and no l
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from container.failure import Outcome
 from container.plan import IMAGES, LaunchPlan
 from job import notices
 from job.paths import MlPaths
 from job.protocol import FailureKind
-from job.tracking import (FLUSH_SECONDS, WARNING_FILE, RunLogger, Tracking, experiment_id,
-                          failure_text, read_token, start_run)
+from job.tracking import (
+    FLUSH_SECONDS,
+    WARNING_FILE,
+    RunLogger,
+    Tracking,
+    experiment_id,
+    failure_text,
+    read_token,
+    start_run,
+)
 
 FAILURE_TAG_LIMIT = 5000  # characters of the failure reason kept in a tag
 

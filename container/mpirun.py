@@ -11,8 +11,8 @@ them instead of leaving the others blocked in a collective.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from job.errors import ConfigError
 

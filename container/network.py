@@ -18,7 +18,7 @@ import ipaddress
 import socket
 import struct
 import time
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from job.errors import PlatformError
 

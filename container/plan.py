@@ -14,21 +14,22 @@ SM_CURRENT_HOST, and checks the placement against OpenMPI's local rank at start.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from container import mpirun
-from job.errors import ConfigError
-from job.hyperparameters import decode
-from job.validated import JobHyperparameters, submit_directory
-from job.launch_config import LaunchConfig
-from job.sagemaker_config import InstanceGroup, JobConfig, check_served_input, training_groups
 from container.sshd import VARIABLE_NAME, SshFiles, is_host_own, ssh_client_args
 from job.batching import BatchPlan, plan_batches
+from job.errors import ConfigError
+from job.hyperparameters import decode
+from job.launch_config import LaunchConfig
 from job.rank_job import DATA_HOST_ENV, DATA_SERVICE_ENV, Processes, RankJob
-from job.trainer_config import JAX
+from job.sagemaker_config import InstanceGroup, JobConfig, check_served_input, training_groups
 from job.source_code import SDK_CHANNELS
+from job.trainer_config import JAX
+from job.validated import JobHyperparameters, submit_directory
 
 BUILTIN_CHANNELS = ("train", "validation", "weights")
 # Horovod's stall check names the ranks the others have waited for in a collective for longer

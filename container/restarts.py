@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from container.failure import Outcome
 from job.protocol import FailureKind
@@ -41,7 +41,7 @@ class Attempt:
     reason: str
     checkpoint: str
 
-    def same_as(self, other: "Attempt") -> bool:
+    def same_as(self, other: Attempt) -> bool:
         """The same failure at the same place: which rank reported it first is chance (every
         rank may raise the same bug), so ranks and hosts are left out of the comparison."""
         return (self.exit_code, _unplaced(self.reason), self.checkpoint) == \

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 KILL_AFTER = 10.0  # seconds between SIGTERM to a session and SIGKILL to what is left of it
 POLL = 0.2

@@ -37,8 +37,8 @@ import subprocess
 import sys
 import tarfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from container import untar

@@ -28,8 +28,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from container.failure import Outcome, OutputLog, restart_point, summarize
 from container.lines import WholeLines
@@ -51,7 +51,7 @@ class StopSignals:
         self.overdue = False  # the ranks were still running `grace` s after the stop
         self.previous = {}
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handle)
         return self

@@ -57,24 +57,24 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from container import empty_model, mlflow_run, mpirun, network, source_dir, sshd
 from container.coordination import Leader, follow_leader
 from container.data_host import run_data_host
-from job.errors import TrainError
 from container.failure import Outcome, relayed, write_failure
 from container.init import become_init
-from job.validated import BUILTIN_ONLY_MARKER, validate_hyperparameters
-from job.paths import DEFAULT_ML_ROOT, MlPaths
 from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
 from container.restarts import run_with_restarts
 from container.session import adopt_orphans, end_descendants
-from job.protocol import FailureKind, Mark, mark_line
-from job.sagemaker_config import JobConfig, read_job_config
 from container.supervisor import run_supervised
 from container.watchdog import ProgressWatch
+from job.errors import TrainError
+from job.paths import DEFAULT_ML_ROOT, MlPaths
+from job.protocol import FailureKind, Mark, mark_line
+from job.sagemaker_config import JobConfig, read_job_config
+from job.validated import BUILTIN_ONLY_MARKER, validate_hyperparameters
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,8 +45,8 @@ import os
 import shutil
 import stat
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 MAX_LINKS = 40  # as many links as the kernel follows in one path before ELOOP
 # An extended header (pax, GNU long name or link) is read into memory whole; any real one is a

@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from container.failure import TAG
 from job.launch_config import LaunchConfig
-from job.protocol import LIBRARY_PATHS, PULSE_SECONDS, parse_active, parse_progress, \
-    parse_waiting
+from job.protocol import LIBRARY_PATHS, PULSE_SECONDS, parse_active, parse_progress, parse_waiting
 
 STACK_GRACE = 5.0  # seconds the ranks get to print their stacks before the job is stopped
 # The longest one wait of a rank on the network or the disk counts as activity: longer than a
@@ -89,7 +88,7 @@ class ProgressWatch:
 
     @classmethod
     def of(cls, launch: LaunchConfig, script_mode: bool, host_of_rank: Callable[[int], str],
-           world_size: int, straggler_timeout: float | None = None) -> "ProgressWatch | None":
+           world_size: int, straggler_timeout: float | None = None) -> ProgressWatch | None:
         """The job's watch; None when `progress_timeout` is 0 (the watchdog is off)."""
         if not launch.progress_timeout:
             return None

@@ -19,7 +19,8 @@ import dataclasses
 import json
 import math
 import typing
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from job.errors import ConfigError
 

@@ -8,8 +8,9 @@ sagemaker_job_name or sagemaker_region) is consumed and ignored.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from job.hyperparameters import hp, parse
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 FORMAT = "keras-savedmodel"
 METADATA_FILE = "metadata.json"
 SAVEDMODEL_PATH = "model/1"  # TensorFlow Serving's <name>/<version> layout

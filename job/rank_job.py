@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from job.errors import ConfigError
 from job.batching import BatchPlan
+from job.errors import ConfigError
 from job.trainer_config import TrainerConfig
 
 JOB_ENV = "TRAIN_JOB"
@@ -72,7 +73,7 @@ class RankJob:
         }, sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "RankJob":
+    def from_json(cls, text: str) -> RankJob:
         try:
             raw = json.loads(text)
             processes = raw["processes"]

@@ -46,8 +46,9 @@ import threading
 import time
 import urllib.parse
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from job.errors import ConfigError
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import difflib
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from job.errors import ConfigError
 from job.hyperparameters import decode, describe, names, parse, unpassable

@@ -15,8 +15,9 @@ follow loop through botocore's Stubber without waiting and without a network.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import boto3
 from botocore import xform_name

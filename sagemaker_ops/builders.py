@@ -11,13 +11,13 @@ any client exists, with a message that says what to change; the edge (`aws.py`) 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from job.errors import ConfigError
-from job.sagemaker_config import (MAX_GROUPS, InstanceGroup, check_served_input,
-                                  training_groups)
+from job.sagemaker_config import MAX_GROUPS, InstanceGroup, check_served_input, training_groups
 
 from . import capabilities as cap
 from . import metrics, schema

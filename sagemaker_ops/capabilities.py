@@ -19,8 +19,8 @@ file suffix), the input modes the trainer can read, and the instance types.
 
 from __future__ import annotations
 
-from job.paths import MlPaths
 from container.plan import BUILTIN_CHANNELS
+from job.paths import MlPaths
 from job.sagemaker_config import DISTRIBUTIONS
 from serve.codecs import CSV, JSONLINES, MEDIA_TYPES
 from train.data import CONTENT_TYPES

@@ -20,9 +20,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 

@@ -21,12 +21,13 @@ and the built-in trainer's `TrainerConfig` (what is trained). Both are declared 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from job.hyperparameters import describe, encode
-from job.validated import validate_hyperparameters
 from job.launch_config import OWN_CODE, LaunchConfig
 from job.trainer_config import TrainerConfig
+from job.validated import validate_hyperparameters
 
 DESCRIPTION_LIMIT = 1024  # EntityDescription's maximum in the SageMaker API
 _SPEC_TYPES = {"int": "Integer", "float": "Continuous", "bool": "Categorical", "str": "FreeText"}

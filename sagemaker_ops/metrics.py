@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from job.protocol import METRICS_PREFIX as MARKER
+
 NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 
 

@@ -17,7 +17,8 @@ import difflib
 import functools
 import re
 import unicodedata
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import botocore.session
 import botocore.validate
@@ -29,24 +30,24 @@ SERVICE = "sagemaker"
 _UNICODE_CLASS = re.compile(r"\(?\[((?:\\p\{[A-Z]\}|\\[^p]|[^\]\\])*)\]\*\)?")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _service_model():
     return botocore.session.get_session().get_service_model(SERVICE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def input_shape(operation: str) -> Shape:
     """The input shape of a SageMaker operation, e.g. `CreateTrainingJob`."""
     return _service_model().operation_model(operation).input_shape
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def enum(shape_name: str) -> tuple[str, ...]:
     """The values a named enum shape allows, e.g. `TrainingInstanceType`."""
     return tuple(_service_model().shape_for(shape_name).enum)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pattern_matcher(pattern: str) -> Callable[[str], bool] | None:
     if "\\p{" not in pattern:
         try:
@@ -99,9 +100,9 @@ def _check(value: Any, shape: Shape, path: str, problems: list[str]) -> None:
         matcher = _pattern_matcher(meta["pattern"]) if "pattern" in meta else None
         if matcher and not matcher(value):
             problems.append(f"{path}: {value!r} does not match the pattern {meta['pattern']}")
-    elif kind in ("integer", "long", "float", "double") and not isinstance(value, bool):
-        if isinstance(value, (int, float)) and "max" in meta and value > meta["max"]:
-            problems.append(f"{path}: {value} is above the maximum {meta['max']}")
+    elif (kind in ("integer", "long", "float", "double") and not isinstance(value, bool)
+          and isinstance(value, (int, float)) and "max" in meta and value > meta["max"]):
+        problems.append(f"{path}: {value} is above the maximum {meta['max']}")
 
 
 def problems(operation: str, params: dict) -> list[str]:

@@ -19,9 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from job.metadata import ModelMetadata
 from job.paths import MlPaths
 from job.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_config
-from job.metadata import ModelMetadata
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file, too
 from scripts.digits_files import KINDS, write_digits  # noqa: E402

@@ -43,13 +43,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from job.paths import MlPaths
-from job.sagemaker_config import (Channel, InstanceGroup, JobConfig, ResourceConfig,
-                                  write_job_config)
+from job.sagemaker_config import Channel, InstanceGroup, JobConfig, ResourceConfig, write_job_config
 
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = "sagemaker-local"
@@ -252,7 +252,7 @@ class Engine:
     env: Mapping[str, str]
 
     @classmethod
-    def detect(cls) -> "Engine":
+    def detect(cls) -> Engine:
         """What scripts/engine.sh picks (the one rule, shared with the Makefile and the shell
         scripts); RuntimeError with its reason when it finds none."""
         script = f"source {REPO / 'scripts' / 'engine.sh'} && echo \"$ENGINE\" && " \

@@ -37,8 +37,13 @@ import os
 import time
 
 from flask import Flask, Response, g, request
-from werkzeug.exceptions import (ClientDisconnected, HTTPException, MethodNotAllowed, NotFound,
-                                 RequestEntityTooLarge)
+from werkzeug.exceptions import (
+    ClientDisconnected,
+    HTTPException,
+    MethodNotAllowed,
+    NotFound,
+    RequestEntityTooLarge,
+)
 
 from serve.batching import MicroBatcher, Overloaded
 from serve.codecs import decode, encode, negotiate

@@ -32,13 +32,14 @@ import functools
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from serve.errors import BadInput, NotAcceptable, UnsupportedContentType
 from job.signature import SIGNATURE, ModelInterface
+from serve.errors import BadInput, NotAcceptable, UnsupportedContentType
 
 JSON = "application/json"
 CSV = "text/csv"

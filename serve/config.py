@@ -30,9 +30,9 @@ must never be refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from job.paths import DEFAULT_ML_ROOT
 from serve.host import cpu_count, default_workers, gpu_count

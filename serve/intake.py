@@ -56,10 +56,11 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 # How much of a receive buffer is looked at. Every Linux default buffer holds more (the
 # default tcp_rmem of 87 to 128 KB keeps at least half of it for data), so a client sending at

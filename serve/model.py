@@ -38,15 +38,14 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from serve.errors import ModelUnavailable
 from job.metadata import METADATA_FILE, ModelLoadError, ModelMetadata
-from job.signature import (SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec,
-                             pack_outputs)
+from job.signature import SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec, pack_outputs
+from serve.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve.errors import BadInput
 from job.signature import ModelInterface, TensorSpec
+from serve.errors import BadInput
 
 
 def _expected(spec: TensorSpec) -> str:
