@@ -99,13 +99,16 @@ def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
             continue
         send = np.full(size // 4, comm.rank + 1, dtype=np.float32)
         receive = np.empty_like(send)
-        mpi, iterations = _timed(comm, partial(comm.Allreduce, send, receive, op=MPI.SUM),
-                                 repeats)
+        mpi, iterations = _timed(comm, partial(comm.Allreduce, send, receive, op=MPI.SUM), repeats)
         if not np.all(receive == sum(range(1, comm.size + 1))):
             raise RuntimeError(f"MPI_Allreduce of {size} bytes returned a wrong sum")
         memcpy, _ = _timed(comm, partial(np.copyto, receive, send), repeats)
-        results[size] = {"bytes": size, "mpi_iterations": iterations, "mpi_seconds": mpi,
-                         "memcpy_seconds": memcpy}
+        results[size] = {
+            "bytes": size,
+            "mpi_iterations": iterations,
+            "mpi_seconds": mpi,
+            "memcpy_seconds": memcpy,
+        }
 
     from train.runtime import start_horovod  # the trainer's own Horovod start-up
 
@@ -133,14 +136,17 @@ def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
 
         @tf.function
         def fused_fn(*tensors):
-            return [hvd.allreduce(t, op=hvd.Average, name=f"piece{size}_{i}")  # noqa: B023
-                    for i, t in enumerate(tensors)]
+            return [
+                hvd.allreduce(t, op=hvd.Average, name=f"piece{size}_{i}")  # noqa: B023
+                for i, t in enumerate(tensors)
+            ]
 
         entry["horovod_fused_seconds"], _ = _timed(comm, partial(fused_fn, *pieces), repeats)
         del tensor, pieces
     if comm.rank == 0:
-        out.write_text(json.dumps({"ranks": comm.size, "pieces": PIECES,
-                                   "sizes": list(results.values())}))
+        out.write_text(
+            json.dumps({"ranks": comm.size, "pieces": PIECES, "sizes": list(results.values())})
+        )
 
 
 def size_label(size_bytes: int) -> str:
@@ -151,16 +157,25 @@ TARGET_FROM = 4 * MB
 RANKS = 2
 
 
-def measure(sizes: Sequence[int], repeats: int, workdir: Path, extra_mpi_options: str = "",
-            budget: float = 150.0) -> list[Measurement]:
+def measure(
+    sizes: Sequence[int],
+    repeats: int,
+    workdir: Path,
+    extra_mpi_options: str = "",
+    budget: float = 150.0,
+) -> list[Measurement]:
     """Run the ranks once over every size; one row per size, plus the memory-copy ceiling.
     Sizes not reached within `budget` seconds get a row without a value that says so."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "allreduce.json"
     out.unlink(missing_ok=True)
-    argv = mpirun_argv(RANKS, "bench.allreduce",
-                       [str(out), str(repeats), f"{budget:g}", *map(str, sizes)],
-                       CPU_RANK_ENV, extra_mpi_options)  # the trainer's CPU rank settings
+    argv = mpirun_argv(
+        RANKS,
+        "bench.allreduce",
+        [str(out), str(repeats), f"{budget:g}", *map(str, sizes)],
+        CPU_RANK_ENV,
+        extra_mpi_options,
+    )  # the trainer's CPU rank settings
     run(argv, timeout=budget + 240, what="allreduce")
     raw = json.loads(out.read_text())
     rows = []
@@ -169,33 +184,60 @@ def measure(sizes: Sequence[int], repeats: int, workdir: Path, extra_mpi_options
         metric = f"allreduce busbw {size_label(size)}, Horovod ({raw['pieces']} tensors fused)"
         target = Target("ratio", ">=", 0.9) if size >= TARGET_FROM else None
         if "skipped" in entry:
-            rows.append(Measurement(item=1, metric=metric, unit="GB/s", value=None,
-                                    reference_name="MPI_Allreduce", target=target,
-                                    note=f"skipped: {entry['skipped']}", details=entry))
+            rows.append(
+                Measurement(
+                    item=1,
+                    metric=metric,
+                    unit="GB/s",
+                    value=None,
+                    reference_name="MPI_Allreduce",
+                    target=target,
+                    note=f"skipped: {entry['skipped']}",
+                    details=entry,
+                )
+            )
             continue
-        rate = {key: median(bus_bandwidth(size, t, raw["ranks"]) / 1e9 for t in entry[key])
-                for key in ("mpi_seconds", "horovod_seconds", "horovod_fused_seconds",
-                            "memcpy_seconds")}
-        rows.append(Measurement(
-            item=1, metric=metric, unit="GB/s", value=rate["horovod_fused_seconds"],
-            reference=rate["mpi_seconds"], reference_name="MPI_Allreduce", target=target,
-            note=f"one tensor {rate['horovod_seconds']:.3g} GB/s; "
-                 f"memcpy {rate['memcpy_seconds']:.3g} GB/s",
-            samples=tuple(bus_bandwidth(size, t, raw["ranks"]) / 1e9
-                          for t in entry["horovod_fused_seconds"]),
-            details={**entry, "busbw_gb_per_s": rate}))
+        rate = {
+            key: median(bus_bandwidth(size, t, raw["ranks"]) / 1e9 for t in entry[key])
+            for key in ("mpi_seconds", "horovod_seconds", "horovod_fused_seconds", "memcpy_seconds")
+        }
+        rows.append(
+            Measurement(
+                item=1,
+                metric=metric,
+                unit="GB/s",
+                value=rate["horovod_fused_seconds"],
+                reference=rate["mpi_seconds"],
+                reference_name="MPI_Allreduce",
+                target=target,
+                note=f"one tensor {rate['horovod_seconds']:.3g} GB/s; "
+                f"memcpy {rate['memcpy_seconds']:.3g} GB/s",
+                samples=tuple(
+                    bus_bandwidth(size, t, raw["ranks"]) / 1e9
+                    for t in entry["horovod_fused_seconds"]
+                ),
+                details={**entry, "busbw_gb_per_s": rate},
+            )
+        )
     measured = [entry for entry in raw["sizes"] if "skipped" not in entry]
     largest = measured[-1]
     ceiling = median(largest["bytes"] / t / 1e9 for t in largest["memcpy_seconds"])
     best_mpi = max(r.reference for r in rows if r.reference is not None)
-    rows.append(Measurement(
-        item=1, metric=f"memory-copy bandwidth {size_label(largest['bytes'])} (ceiling)",
-        unit="GB/s", value=best_mpi, reference=ceiling,
-        reference_name="memcpy, both ranks at once",
-        note="value: the best MPI_Allreduce busbw of any size"))
+    rows.append(
+        Measurement(
+            item=1,
+            metric=f"memory-copy bandwidth {size_label(largest['bytes'])} (ceiling)",
+            unit="GB/s",
+            value=best_mpi,
+            reference=ceiling,
+            reference_name="memcpy, both ranks at once",
+            note="value: the best MPI_Allreduce busbw of any size",
+        )
+    )
     return rows
 
 
 if __name__ == "__main__":
-    rank_main(Path(sys.argv[1]), [int(s) for s in sys.argv[4:]], int(sys.argv[2]),
-              float(sys.argv[3]))
+    rank_main(
+        Path(sys.argv[1]), [int(s) for s in sys.argv[4:]], int(sys.argv[2]), float(sys.argv[3])
+    )

@@ -85,13 +85,15 @@ class Timeline:
 
     def breakdown(self) -> dict[str, float]:
         """Seconds between consecutive events, in order, from the first host's start."""
-        events = [("first host started", min(self.hosts_started)),
-                  *[(name, t) for name, t in self.marks.items()],
-                  ("first step done", self.steps[0]), ("last step done", self.steps[-1]),
-                  ("last host exited", max(self.hosts_exited))]
+        events = [
+            ("first host started", min(self.hosts_started)),
+            *[(name, t) for name, t in self.marks.items()],
+            ("first step done", self.steps[0]),
+            ("last step done", self.steps[-1]),
+            ("last host exited", max(self.hosts_exited)),
+        ]
         events.sort(key=lambda event: event[1])
-        return {f"{a} -> {b}": round(tb - ta, 3)
-                for (a, ta), (b, tb) in zip(events, events[1:])}
+        return {f"{a} -> {b}": round(tb - ta, 3) for (a, ta), (b, tb) in zip(events, events[1:])}
 
 
 def mark_times(lines: Sequence[tuple[float, str]]) -> tuple[list[float], dict[str, float]]:
@@ -107,11 +109,16 @@ def mark_times(lines: Sequence[tuple[float, str]]) -> tuple[list[float], dict[st
 
 def job_hyperparameters(sizes: Sizes) -> dict[str, str]:
     """One optimizer step per epoch: 2 hosts x 1 rank x per_device_batch = all samples."""
-    return {"model": "mlp", "hidden_units": sizes.hidden_units,
-            "epochs": str(sizes.cluster_epochs), "processes_per_host": "1",
-            "per_device_batch_size": str(sizes.per_device_batch),
-            "max_device_batch_size": str(sizes.per_device_batch),
-            "checkpoint_every_epochs": "0", "warmup_epochs": "0"}
+    return {
+        "model": "mlp",
+        "hidden_units": sizes.hidden_units,
+        "epochs": str(sizes.cluster_epochs),
+        "processes_per_host": "1",
+        "per_device_batch_size": str(sizes.per_device_batch),
+        "max_device_batch_size": str(sizes.per_device_batch),
+        "checkpoint_every_epochs": "0",
+        "warmup_epochs": "0",
+    }
 
 
 def cluster_data(sizes: Sizes):
@@ -125,30 +132,44 @@ def bare_import_seconds(repeats: int, hosts: int = 2) -> list[float]:
     timings = []
     for _ in range(repeats):
         started = time.perf_counter()
-        processes = [subprocess.Popen([PYTHON, "-c", BARE_IMPORT], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL) for _ in range(hosts)]
+        processes = [
+            subprocess.Popen(
+                [PYTHON, "-c", BARE_IMPORT], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            for _ in range(hosts)
+        ]
         if any(process.wait(timeout=TIMEOUT) for process in processes):
             raise RuntimeError(f"python -c {BARE_IMPORT!r} failed")
         timings.append(time.perf_counter() - started)
     return timings
 
 
-def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = None,
-                 watch: Callable[[str, subprocess.Popen], None] | None = None) -> Timeline:
+def run_loopback(
+    sizes: Sizes,
+    workdir: Path,
+    extra: Mapping[str, str] | None = None,
+    watch: Callable[[str, subprocess.Popen], None] | None = None,
+) -> Timeline:
     """The 2-host job on loopback (`extra` hyperparameters over item 4's); `watch` sees each
     line of the leader as it comes, with the worker's launcher (to act on it mid-run)."""
     sshd, coordinator = free_ports(2)
-    hyperparameters = {**job_hyperparameters(sizes), **(extra or {}),
-                       "sshd_port": str(sshd),
-                       "coordinator_port": str(coordinator), "host_timeout": "120",
-                       "leader_timeout": "120", "heartbeat_timeout": "10"}
+    hyperparameters = {
+        **job_hyperparameters(sizes),
+        **(extra or {}),
+        "sshd_port": str(sshd),
+        "coordinator_port": str(coordinator),
+        "host_timeout": "120",
+        "leader_timeout": "120",
+        "heartbeat_timeout": "10",
+    }
     data = cluster_data(sizes)
     roots = []
     for host in LOOPBACK_HOSTS:
         root = workdir / f"loopback-{host}"
         shutil.rmtree(root, ignore_errors=True)
-        roots.append(write_job(root, hyperparameters, data, hosts=LOOPBACK_HOSTS,
-                               current_host=host))
+        roots.append(
+            write_job(root, hyperparameters, data, hosts=LOOPBACK_HOSTS, current_host=host)
+        )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log(f"cluster (loopback): {TRAIN} --ml-root ... on {', '.join(LOOPBACK_HOSTS)}")
     worker_log = workdir / "loopback-worker.log"
@@ -156,9 +177,16 @@ def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = 
     with open(worker_log, "w") as worker_output:
         for root, output in ((roots[1], worker_output), (roots[0], subprocess.PIPE)):
             started.append(time.time())  # the worker first: it waits for the leader
-            processes.append(subprocess.Popen(
-                [str(TRAIN), "--ml-root", str(root)], stdout=output,
-                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True))
+            processes.append(
+                subprocess.Popen(
+                    [str(TRAIN), "--ml-root", str(root)],
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
     worker, leader = processes
     lines: list[tuple[float, str]] = []
 
@@ -177,8 +205,10 @@ def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = 
             process.wait(timeout=max(1.0, deadline - time.monotonic()))
             exited.append(time.time())
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the loopback cluster did not finish within {TIMEOUT} s:\n"
-                           f"{''.join(line for _, line in lines)[-2000:]}") from None
+        raise RuntimeError(
+            f"the loopback cluster did not finish within {TIMEOUT} s:\n"
+            f"{''.join(line for _, line in lines)[-2000:]}"
+        ) from None
     finally:
         for process in processes:  # their sshd and mpirun too: each launcher's own group
             if process.poll() is None:
@@ -186,9 +216,11 @@ def run_loopback(sizes: Sizes, workdir: Path, extra: Mapping[str, str] | None = 
                 process.wait()
     reader.join(timeout=10)
     if leader.returncode or worker.returncode:
-        raise RuntimeError(f"the loopback cluster failed (leader {leader.returncode}, worker "
-                           f"{worker.returncode}):\n{''.join(text for _, text in lines)[-2000:]}\n"
-                           f"worker: {worker_log.read_text()[-1000:]}")
+        raise RuntimeError(
+            f"the loopback cluster failed (leader {leader.returncode}, worker "
+            f"{worker.returncode}):\n{''.join(text for _, text in lines)[-2000:]}\n"
+            f"worker: {worker_log.read_text()[-1000:]}"
+        )
     steps, marks = mark_times(lines)
     if not steps:
         raise RuntimeError("the loopback cluster printed no METRICS line")
@@ -201,10 +233,14 @@ def image_exists(engine, image: str) -> bool:
 
 
 def container_times(engine, container: str) -> tuple[float, float, int]:
-    state = json.loads(engine.run("inspect", "--format", "{{json .State}}", container,
-                                  timeout=60).stdout)
-    return (parse_timestamp(state["StartedAt"]), parse_timestamp(state["FinishedAt"]),
-            int(state.get("ExitCode", -1)))
+    state = json.loads(
+        engine.run("inspect", "--format", "{{json .State}}", container, timeout=60).stdout
+    )
+    return (
+        parse_timestamp(state["StartedAt"]),
+        parse_timestamp(state["FinishedAt"]),
+        int(state.get("ExitCode", -1)),
+    )
 
 
 def timestamped_logs(engine, container: str) -> list[tuple[float, str]]:
@@ -225,15 +261,33 @@ def bare_import_in_container(engine, image: str, repeats: int, hosts: int = 2) -
     timings = []
     for index in range(repeats):
         names = [f"bench-bare-import-{index}-{host}-{int(time.time())}" for host in range(hosts)]
-        runs = [subprocess.Popen([engine.name, "run", "--pull=never", "--name", name, image,
-                                  "python", "-c", BARE_IMPORT], env=dict(engine.env),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                for name in names]
+        runs = [
+            subprocess.Popen(
+                [
+                    engine.name,
+                    "run",
+                    "--pull=never",
+                    "--name",
+                    name,
+                    image,
+                    "python",
+                    "-c",
+                    BARE_IMPORT,
+                ],
+                env=dict(engine.env),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name in names
+        ]
         try:
             for run_ in runs:
                 if run_.wait(timeout=TIMEOUT):
-                    raise RuntimeError(f"{engine.name} run {image} python -c "
-                                       f"{BARE_IMPORT!r} failed: {run_.stderr.read()[-500:]}")
+                    raise RuntimeError(
+                        f"{engine.name} run {image} python -c "
+                        f"{BARE_IMPORT!r} failed: {run_.stderr.read()[-500:]}"
+                    )
             times = [container_times(engine, name) for name in names]
             timings.append(max(t[1] for t in times) - min(t[0] for t in times))
         finally:
@@ -245,13 +299,20 @@ def run_containers(sizes: Sizes, workdir: Path, engine, image: str) -> Timeline:
     data_dir = workdir / "cluster-data"
     shutil.rmtree(data_dir, ignore_errors=True)
     write_npz(data_dir / "train", *cluster_data(sizes))
-    spec = ClusterSpec(hosts=2, workdir=workdir / "cluster", data=data_dir, image=image,
-                       hyperparameters=job_hyperparameters(sizes), job_name="bench")
+    spec = ClusterSpec(
+        hosts=2,
+        workdir=workdir / "cluster",
+        data=data_dir,
+        image=image,
+        hyperparameters=job_hyperparameters(sizes),
+        job_name="bench",
+    )
     cluster = ComposeCluster(engine, write_cluster(spec), f"bench{int(time.time())}")
     log(f"cluster (containers): compose up of {cluster.compose_path} ({image})")
     try:
-        up = cluster.compose("up", "--abort-on-container-exit", check=False, capture=True,
-                             timeout=TIMEOUT)
+        up = cluster.compose(
+            "up", "--abort-on-container-exit", check=False, capture=True, timeout=TIMEOUT
+        )
         cluster.wait_all_exited(60)
         containers = cluster.containers()
         times = {host: container_times(engine, cid) for host, cid in containers.items()}
@@ -260,23 +321,27 @@ def run_containers(sizes: Sizes, workdir: Path, engine, image: str) -> Timeline:
         cluster.down()
     codes = {host: code for host, (_, _, code) in times.items()}
     if len(codes) != 2 or any(codes.values()):
-        raise RuntimeError(f"the container cluster failed (exit codes {codes}):\n"
-                           f"{(up.stdout + up.stderr)[-2000:]}")
+        raise RuntimeError(
+            f"the container cluster failed (exit codes {codes}):\n{(up.stdout + up.stderr)[-2000:]}"
+        )
     steps, marks = mark_times(leader_lines)
     if not steps:
         raise RuntimeError("the leader container logged no METRICS line")
-    return Timeline([t[0] for t in times.values()], [t[1] for t in times.values()], steps,
-                    marks, {"image": image})
+    return Timeline(
+        [t[0] for t in times.values()],
+        [t[1] for t in times.values()],
+        steps,
+        marks,
+        {"image": image},
+    )
 
 
 # ---------------------------------------------------------------------------- measure ---
-def measure(sizes: Sizes, workdir: Path, *, image: str, mode: str = "auto"
-            ) -> list[Measurement]:
+def measure(sizes: Sizes, workdir: Path, *, image: str, mode: str = "auto") -> list[Measurement]:
     """Startup overhead and teardown rows, from the container cluster when `mode` allows and
     an engine and the image are there, else from two launchers on loopback."""
     if mode not in ("auto", *MODES):
-        raise ValueError(f"Unknown cluster mode: {mode}. Choose between auto, "
-                         f"{', '.join(MODES)}.")
+        raise ValueError(f"Unknown cluster mode: {mode}. Choose between auto, {', '.join(MODES)}.")
     engine, why = None, ""
     if mode in ("auto", "containers"):
         try:
@@ -300,26 +365,44 @@ def measure(sizes: Sizes, workdir: Path, *, image: str, mode: str = "auto"
             timeline.notes["why_not_containers"] = why
     bare_seconds = median(bare)
     startup = timeline.startup()
-    where = "2 containers (compose)" if used == "containers" else \
-        "2 launchers on 127.0.0.1/127.0.0.2"
-    details = {"mode": used, "bare_import_seconds": bare, "start_to_first_step": startup,
-               "breakdown_seconds": timeline.breakdown(),
-               "hosts_started": timeline.hosts_started, "hosts_exited": timeline.hosts_exited,
-               "steps": timeline.steps, "marks": timeline.marks, **timeline.notes}
+    where = (
+        "2 containers (compose)" if used == "containers" else "2 launchers on 127.0.0.1/127.0.0.2"
+    )
+    details = {
+        "mode": used,
+        "bare_import_seconds": bare,
+        "start_to_first_step": startup,
+        "breakdown_seconds": timeline.breakdown(),
+        "hosts_started": timeline.hosts_started,
+        "hosts_exited": timeline.hosts_exited,
+        "steps": timeline.steps,
+        "marks": timeline.marks,
+        **timeline.notes,
+    }
     teardown = timeline.teardown()
     exported = timeline.marks.get("model_exported")
     export = None if exported is None else exported - timeline.steps[-1]
     return [
-        Measurement(item=4, metric=f"startup overhead, {where}", unit="s",
-                    value=startup - bare_seconds, reference=bare_seconds,
-                    reference_name="bare import tensorflow+horovod, 2 at once",
-                    target=Target("value", "<=", 5.0),
-                    note=f"start to first step done {startup:.1f} s", details=details),
-        Measurement(item=4, metric=f"teardown (last step to all exited), {where}", unit="s",
-                    value=teardown, reference=30.0,
-                    reference_name="SageMaker toolkit's fixed sleeps",
-                    target=Target("value", "<=", 3.0),
-                    note="" if export is None else f"of which last step to model exported "
-                                                   f"{export:.1f} s",
-                    details=details),
+        Measurement(
+            item=4,
+            metric=f"startup overhead, {where}",
+            unit="s",
+            value=startup - bare_seconds,
+            reference=bare_seconds,
+            reference_name="bare import tensorflow+horovod, 2 at once",
+            target=Target("value", "<=", 5.0),
+            note=f"start to first step done {startup:.1f} s",
+            details=details,
+        ),
+        Measurement(
+            item=4,
+            metric=f"teardown (last step to all exited), {where}",
+            unit="s",
+            value=teardown,
+            reference=30.0,
+            reference_name="SageMaker toolkit's fixed sleeps",
+            target=Target("value", "<=", 3.0),
+            note="" if export is None else f"of which last step to model exported {export:.1f} s",
+            details=details,
+        ),
     ]

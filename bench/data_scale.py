@@ -43,8 +43,14 @@ QUIET = {"checkpoint_every_epochs": "0", "processes_per_host": "2", "seed": "7"}
 def job(root: Path, kind: str, hyperparameters: dict, copies: int = 1, size: int = 32) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     paths = MlPaths(root)
-    write_job_config(JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"),
-                               {**QUIET, **hyperparameters}, digits_channels(kind)))
+    write_job_config(
+        JobConfig(
+            paths,
+            ResourceConfig("algo-1", ("algo-1",), "lo"),
+            {**QUIET, **hyperparameters},
+            digits_channels(kind),
+        )
+    )
     write_digits(paths.data_dir, kind, copies=copies, size=size)
     return root
 
@@ -58,53 +64,93 @@ def channel_bytes(root: Path) -> int:
 
 
 def memory(sizes: Sizes, workdir: Path) -> Measurement:
-    mlp = {"epochs": "1", "feature_key": "features", "learning_rate": "0.002",
-           "per_device_batch_size": "256"}
+    mlp = {
+        "epochs": "1",
+        "feature_key": "features",
+        "learning_rate": "0.002",
+        "per_device_batch_size": "256",
+    }
     small = job(workdir / "memory-1x", "tfrecord", mlp, sizes.scale_copies, sizes.scale_image_size)
-    large = job(workdir / "memory-4x", "tfrecord", mlp, 4 * sizes.scale_copies,
-                sizes.scale_image_size)
-    peaks = {name: max(train(root, f"data scale {name}").rank_peak_rss)
-             for name, root in (("1x", small), ("4x", large))}
+    large = job(
+        workdir / "memory-4x", "tfrecord", mlp, 4 * sizes.scale_copies, sizes.scale_image_size
+    )
+    peaks = {
+        name: max(train(root, f"data scale {name}").rank_peak_rss)
+        for name, root in (("1x", small), ("4x", large))
+    }
     sizes_mb = {name: channel_bytes(root) / MB for name, root in (("1x", small), ("4x", large))}
     return Measurement(
-        item=7, metric="peak RSS per rank, TFRecord channel 4x larger", unit="MB",
-        value=peaks["4x"] / MB, reference=peaks["1x"] / MB,
+        item=7,
+        metric="peak RSS per rank, TFRecord channel 4x larger",
+        unit="MB",
+        value=peaks["4x"] / MB,
+        reference=peaks["1x"] / MB,
         reference_name=f"the same job on a {sizes_mb['1x']:.0f} MB channel",
         target=Target("ratio", "<=", 1.2),
         note=f"channels {sizes_mb['1x']:.0f} MB and {sizes_mb['4x']:.0f} MB of TFRecords",
-        details={"peak_rss_bytes": peaks, "channel_mb": sizes_mb})
+        details={"peak_rss_bytes": peaks, "channel_mb": sizes_mb},
+    )
 
 
 def image_input(sizes: Sizes, workdir: Path) -> Measurement:
-    hyperparameters = {"epochs": "2", "model": sizes.image_model,  # the first one traces
-                       "augment": "true", "per_device_batch_size": "32"}
+    hyperparameters = {
+        "epochs": "2",
+        "model": sizes.image_model,  # the first one traces
+        "augment": "true",
+        "per_device_batch_size": "32",
+    }
     root = job(workdir / "image", "tfrecord", hyperparameters, sizes.image_copies)
     consumed = median(train(root, f"data scale {sizes.image_model}").steady_samples_per_sec())
     out = workdir / "image-pipeline.json"
-    run([PYTHON, "-m", "bench.data_scale", "pipeline", str(out),
-         str(root / "input" / "data" / "train"), "32", str(sizes.pipeline_batches), "3"],
-        timeout=600, what="image input pipeline", env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    run(
+        [
+            PYTHON,
+            "-m",
+            "bench.data_scale",
+            "pipeline",
+            str(out),
+            str(root / "input" / "data" / "train"),
+            "32",
+            str(sizes.pipeline_batches),
+            "3",
+        ],
+        timeout=600,
+        what="image input pipeline",
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     rates = json.loads(out.read_text())["samples_per_sec"]
     return Measurement(
-        item=7, metric="image input pipeline alone (TFRecord PNG 32x32, augmented)",
-        unit="samples/s", value=statistics.median(rates), reference=consumed,
+        item=7,
+        metric="image input pipeline alone (TFRecord PNG 32x32, augmented)",
+        unit="samples/s",
+        value=statistics.median(rates),
+        reference=consumed,
         reference_name=f"2-rank {sizes.image_model} job consumption",
-        target=Target("ratio", ">=", 2.0), samples=tuple(rates),
-        details={"pipeline_samples_per_sec": rates, "job_samples_per_sec": consumed})
+        target=Target("ratio", ">=", 2.0),
+        samples=tuple(rates),
+        details={"pipeline_samples_per_sec": rates, "job_samples_per_sec": consumed},
+    )
 
 
 def accuracy(sizes: Sizes, workdir: Path) -> Measurement:
     mlp = {"epochs": str(sizes.parity_epochs), "learning_rate": "0.002"}
-    tfrecord = train(job(workdir / "parity-tfrecord", "tfrecord",
-                         {**mlp, "feature_key": "features"}), "parity on TFRecord")
+    tfrecord = train(
+        job(workdir / "parity-tfrecord", "tfrecord", {**mlp, "feature_key": "features"}),
+        "parity on TFRecord",
+    )
     csv = train(job(workdir / "parity-csv", "csv", mlp), "parity on CSV")
     value, reference = (100 * run_.epochs[-1]["val_accuracy"] for run_ in (tfrecord, csv))
     return Measurement(
-        item=7, metric="validation accuracy, 2 ranks on 4 TFRecord shards (by file)",
-        unit="%", value=value, reference=reference,
+        item=7,
+        metric="validation accuracy, 2 ranks on 4 TFRecord shards (by file)",
+        unit="%",
+        value=value,
+        reference=reference,
         reference_name="the same job on one CSV file (by record)",
-        target=Target("ratio", ">=", 0.99), note=f"difference {value - reference:+.1f} points",
-        details={"epochs": sizes.parity_epochs})
+        target=Target("ratio", ">=", 0.99),
+        note=f"difference {value - reference:+.1f} points",
+        details={"epochs": sizes.parity_epochs},
+    )
 
 
 def measure(sizes: Sizes, workdir: Path) -> list[Measurement]:
@@ -112,8 +158,9 @@ def measure(sizes: Sizes, workdir: Path) -> list[Measurement]:
     return [memory(sizes, workdir), image_input(sizes, workdir), accuracy(sizes, workdir)]
 
 
-def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int,
-                   service: str = "") -> list[float]:
+def pipeline_rates(
+    channel: Path, batch: int, batches: int, repeats: int, service: str = ""
+) -> list[float]:
     """The trainer's augmented pipeline on `channel`, drained here, or read through the
     tf.data service at `service` (item 11)."""
     from job.trainer_config import TrainerConfig
@@ -124,10 +171,10 @@ def pipeline_rates(channel: Path, batch: int, batches: int, repeats: int,
     files = list_channel("train", channel)
     config = TrainerConfig(augment=True)
     source = open_source(files, Share(files.files), config)
-    dataset = training_input(source, label_lookup(list(range(10))), batch, config, 0,
-                             augment=True)
-    return iteration_rates(served(dataset, service) if service else dataset, batch, batches,
-                           repeats)
+    dataset = training_input(source, label_lookup(list(range(10))), batch, config, 0, augment=True)
+    return iteration_rates(
+        served(dataset, service) if service else dataset, batch, batches, repeats
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -135,8 +182,9 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     out, channel = Path(argv[1]), Path(argv[2])
     batch, batches, repeats = map(int, argv[3:6])
-    out.write_text(json.dumps({"samples_per_sec": pipeline_rates(channel, batch, batches,
-                                                                 repeats)}))
+    out.write_text(
+        json.dumps({"samples_per_sec": pipeline_rates(channel, batch, batches, repeats)})
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import numpy as np
 
 
 def reference(model, folder: Path) -> None:
-    model.save(str(folder / "model"), save_format="tf", include_optimizer=False,
-               save_traces=False)
+    model.save(str(folder / "model"), save_format="tf", include_optimizer=False, save_traces=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,13 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     from train.export import export_model
     from train.models import BUILDERS
 
-    ways = {"reference (no signature)": reference,
-            "export_model (signature, model/1)": lambda m, f: export_model(m, f, classes=range(10))}
+    ways = {
+        "reference (no signature)": reference,
+        "export_model (signature, model/1)": lambda m, f: export_model(m, f, classes=range(10)),
+    }
     print(f"{'model':6} {'way':36} {'first s':>8} {'median s':>9} {'ratio':>6}")
-    for name, config in (("mlp", TrainerConfig()), ("cnn", TrainerConfig(model="cnn",
-                                                                          image_shape="8,8,1"))):
-        model = BUILDERS[name](config, (64,), 10, np.zeros(64, np.float32),
-                               np.ones(64, np.float32))
+    for name, config in (
+        ("mlp", TrainerConfig()),
+        ("cnn", TrainerConfig(model="cnn", image_shape="8,8,1")),
+    ):
+        model = BUILDERS[name](config, (64,), 10, np.zeros(64, np.float32), np.ones(64, np.float32))
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
         model.fit(np.zeros((32, 64), np.float32), np.zeros(32, np.int64), verbose=0)
         times: dict[str, list[float]] = {way: [] for way in ways}

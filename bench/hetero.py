@@ -33,25 +33,46 @@ QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 def measure(sizes: Sizes, workdir: Path) -> Measurement:
     root = data_scale.job(workdir / "job", "tfrecord", {}, sizes.image_copies)
     service = f"grpc://127.0.0.1:{free_port()}"
-    server = subprocess.Popen([PYTHON, "-P", "-m", "train.data_service"], cwd=REPO,
-                              env={**QUIET_TF, DATA_HOST_ENV: "127.0.0.1",
-                                   DATA_SERVICE_ENV: service},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [PYTHON, "-P", "-m", "train.data_service"],
+        cwd=REPO,
+        env={**QUIET_TF, DATA_HOST_ENV: "127.0.0.1", DATA_SERVICE_ENV: service},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     out = workdir / "served.json"
     try:
-        run([PYTHON, "-m", "bench.hetero", "pipeline", str(out),
-             str(root / "input" / "data" / "train"), service, "32",
-             str(sizes.pipeline_batches), "3"], timeout=600, what="served input pipeline",
-            env=QUIET_TF)
+        run(
+            [
+                PYTHON,
+                "-m",
+                "bench.hetero",
+                "pipeline",
+                str(out),
+                str(root / "input" / "data" / "train"),
+                service,
+                "32",
+                str(sizes.pipeline_batches),
+                "3",
+            ],
+            timeout=600,
+            what="served input pipeline",
+            env=QUIET_TF,
+        )
     finally:
         stop(server)
     rates = json.loads(out.read_text())
     return Measurement(
-        item=11, metric="image input through a data host's tf.data service (loopback)",
-        unit="samples/s", value=median(rates["served"]), reference=median(rates["local"]),
+        item=11,
+        metric="image input through a data host's tf.data service (loopback)",
+        unit="samples/s",
+        value=median(rates["served"]),
+        reference=median(rates["local"]),
         reference_name="the same pipeline in the reading process",
         samples=tuple(rates["served"]),
-        note="one machine: the data host shares the reader's cores", details=rates)
+        note="one machine: the data host shares the reader's cores",
+        details=rates,
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -59,9 +80,14 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     out, channel, service = Path(argv[1]), Path(argv[2]), argv[3]
     batch, batches, repeats = map(int, argv[4:7])
-    out.write_text(json.dumps({
-        "local": data_scale.pipeline_rates(channel, batch, batches, repeats),
-        "served": data_scale.pipeline_rates(channel, batch, batches, repeats, service)}))
+    out.write_text(
+        json.dumps(
+            {
+                "local": data_scale.pipeline_rates(channel, batch, batches, repeats),
+                "served": data_scale.pipeline_rates(channel, batch, batches, repeats, service),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

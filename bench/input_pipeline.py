@@ -59,8 +59,10 @@ def reader_rates(workdir: Path, samples: int, features: int, repeats: int) -> di
             timings.append(time.perf_counter() - started)
         if count != samples:
             raise RuntimeError(f"{path}: read {count} samples, wrote {samples}")
-        rates[name] = {"samples_per_sec": [samples / t for t in timings],
-                       "file_bytes": path.stat().st_size}
+        rates[name] = {
+            "samples_per_sec": [samples / t for t in timings],
+            "file_bytes": path.stat().st_size,
+        }
     return rates
 
 
@@ -69,8 +71,9 @@ def pipeline_rate(workdir: Path, batch: int, batches: int, repeats: int) -> dict
     from train.pipeline import label_lookup, training_input
 
     source = channel_source(workdir / "channel-npz")
-    dataset = training_input(source, label_lookup(list(range(CLASSES))), batch, TrainerConfig(),
-                             0, augment=False)
+    dataset = training_input(
+        source, label_lookup(list(range(CLASSES))), batch, TrainerConfig(), 0, augment=False
+    )
     return {"samples_per_sec": iteration_rates(dataset, batch, batches, repeats), "batch": batch}
 
 
@@ -92,8 +95,10 @@ def main(argv: list[str]) -> None:
     out, workdir = Path(argv[0]), Path(argv[1])
     samples, features, batch, batches, repeats = map(int, argv[2:7])
     workdir.mkdir(parents=True, exist_ok=True)
-    result = {"reader": reader_rates(workdir, samples, features, repeats),
-              "pipeline": pipeline_rate(workdir, batch, batches, repeats)}
+    result = {
+        "reader": reader_rates(workdir, samples, features, repeats),
+        "pipeline": pipeline_rate(workdir, batch, batches, repeats),
+    }
     for entry in [*result["reader"].values(), result["pipeline"]]:
         entry["median"] = statistics.median(entry["samples_per_sec"])
     out.write_text(json.dumps(result))

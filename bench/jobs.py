@@ -58,22 +58,35 @@ def write_csv(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.cs
     return path
 
 
-def write_job(root: Path, hyperparameters: Mapping[str, Any],
-              data: tuple[np.ndarray, np.ndarray], *, hosts: Sequence[str] = ("algo-1",),
-              current_host: str = "algo-1") -> Path:
+def write_job(
+    root: Path,
+    hyperparameters: Mapping[str, Any],
+    data: tuple[np.ndarray, np.ndarray],
+    *,
+    hosts: Sequence[str] = ("algo-1",),
+    current_host: str = "algo-1",
+) -> Path:
     """An /opt/ml-like tree with a `train` channel only (no validation: epochs time training)."""
     paths = MlPaths(root)
-    write_job_config(JobConfig(paths, ResourceConfig(current_host, tuple(hosts), "lo"),
-                               dict(hyperparameters),
-                               {"train": Channel("train", "application/x-npz")}))
+    write_job_config(
+        JobConfig(
+            paths,
+            ResourceConfig(current_host, tuple(hosts), "lo"),
+            dict(hyperparameters),
+            {"train": Channel("train", "application/x-npz")},
+        )
+    )
     write_npz(paths.channel("train"), *data)
     return root
 
 
 def parse_metrics(output: str) -> list[dict[str, float]]:
     """The trainer's METRICS lines (job.protocol), in order."""
-    return [values for line in output.splitlines()
-            if (values := protocol.parse_metrics(line)) is not None]
+    return [
+        values
+        for line in output.splitlines()
+        if (values := protocol.parse_metrics(line)) is not None
+    ]
 
 
 def peak_rss(pid: int) -> int | None:
@@ -152,8 +165,7 @@ class PeakMemory:
     def sample(self) -> None:
         for pid in _descendants(self.pid):
             argv = _cmdline(pid).split()
-            if argv and (self.marker is None or self.marker in argv) \
-                    and "mpirun" not in argv[0]:
+            if argv and (self.marker is None or self.marker in argv) and "mpirun" not in argv[0]:
                 peak = peak_rss(pid)
                 if peak:
                     self.peaks[pid] = max(self.peaks.get(pid, 0), peak)
@@ -189,17 +201,23 @@ def run_trains(roots: Sequence[Path], *, timeout: float, what: str) -> list[Trai
             argv = [str(TRAIN), "--ml-root", str(root)]
             log(f"{what}: {' '.join(argv)}")
             output = stack.enter_context(open(root / "train.log", "w"))  # a full pipe blocks
-            process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            process = subprocess.Popen(
+                argv,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
             stack.callback(stop, process, 10)
-            processes.append((root, process, stack.enter_context(
-                PeakMemory(process.pid, RANK_PROGRAM))))
+            processes.append(
+                (root, process, stack.enter_context(PeakMemory(process.pid, RANK_PROGRAM)))
+            )
         for root, process, memory in processes:
             try:
                 process.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise RuntimeError(f"{what}: train did not finish within {timeout:.0f} s; "
-                                   f"see {root / 'train.log'}") from None
+                raise RuntimeError(
+                    f"{what}: train did not finish within {timeout:.0f} s; see {root / 'train.log'}"
+                ) from None
             runs.append((root, process, time.perf_counter() - started, memory.peaks))
     results = []
     for root, process, seconds, peaks in runs:
@@ -207,11 +225,12 @@ def run_trains(roots: Sequence[Path], *, timeout: float, what: str) -> list[Trai
         if process.returncode != 0:
             failure = root / "output" / "failure"
             reason = failure.read_text() if failure.exists() else text[-3000:]
-            raise RuntimeError(f"{what}: train --ml-root {root} failed with exit code "
-                               f"{process.returncode}: {reason}")
+            raise RuntimeError(
+                f"{what}: train --ml-root {root} failed with exit code "
+                f"{process.returncode}: {reason}"
+            )
         epochs = parse_metrics(text)
         if not epochs:
             raise RuntimeError(f"{what}: train printed no METRICS line:\n{text[-3000:]}")
         results.append(TrainRun(seconds, epochs, sorted(peaks.values()), text))
     return results
-

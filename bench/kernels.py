@@ -66,10 +66,19 @@ def main(argv: list[str]) -> None:
     shapes = layer_shapes(features, hidden, classes)
     micro_seconds = seconds_per_pass(micro, shapes)
     whole_seconds = seconds_per_pass(micro * k, shapes)
-    out.write_text(json.dumps({
-        "micro_batch": micro, "k": k, "shapes": shapes, "micro_seconds": micro_seconds,
-        "whole_seconds": whole_seconds, "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-        "ceiling": whole_seconds / (k * micro_seconds)}))
+    out.write_text(
+        json.dumps(
+            {
+                "micro_batch": micro,
+                "k": k,
+                "shapes": shapes,
+                "micro_seconds": micro_seconds,
+                "whole_seconds": whole_seconds,
+                "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                "ceiling": whole_seconds / (k * micro_seconds),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,15 +18,28 @@ PYTHON = sys.executable
 TRAIN = Path(sys.executable).with_name("train")
 
 
-def mpirun_argv(ranks: int, module: str, arguments: Sequence[str],
-                rank_env: Mapping[str, str], extra_options: str = "") -> list[str]:
+def mpirun_argv(
+    ranks: int,
+    module: str,
+    arguments: Sequence[str],
+    rank_env: Mapping[str, str],
+    extra_options: str = "",
+) -> list[str]:
     """`mpirun <the launcher's single-host defaults> python -P -m mpi4py -m MODULE ARGS`;
     `extra_options` overrides or extends them as the `mpi_options` hyperparameter does."""
     defaults = mpirun.default_options(
-        hosts=("localhost",), processes_per_host=ranks, interface="lo", instance_type="local",
-        rank_env={"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
-                  "TF_CPP_MIN_LOG_LEVEL": "2", **rank_env},
-        ssh_args=None)
+        hosts=("localhost",),
+        processes_per_host=ranks,
+        interface="lo",
+        instance_type="local",
+        rank_env={
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            **rank_env,
+        },
+        ssh_args=None,
+    )
     options = mpirun.merge_options(defaults, mpirun.parse_options(extra_options))
     return mpirun.build_argv(options, rank_command(PYTHON, module, *arguments))
 
@@ -35,13 +48,20 @@ def log(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
-def run(argv: Sequence[str], *, timeout: float, what: str,
-        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(
+    argv: Sequence[str], *, timeout: float, what: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run to completion; RuntimeError naming `what` with the output's tail on failure."""
     log(f"{what}: {shlex.join(argv)}")
     try:
-        done = subprocess.run(list(argv), cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **(env or {})})
+        done = subprocess.run(
+            list(argv),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
     except subprocess.TimeoutExpired as expired:
         raise RuntimeError(f"{what} did not finish within {timeout:.0f} s") from expired
     if done.returncode != 0:

@@ -33,16 +33,23 @@ READY_TIMEOUT = 180
 
 def bare_import_rss() -> int:
     """VmHWM of a process that imported TensorFlow and Horovod and nothing else."""
-    code = (f"{BARE_IMPORT}\nfrom bench.jobs import peak_rss\nimport os\n"
-            f"print(peak_rss(os.getpid()))")
-    done = subprocess.run([PYTHON, "-c", code], check=True, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
+    code = (
+        f"{BARE_IMPORT}\nfrom bench.jobs import peak_rss\nimport os\nprint(peak_rss(os.getpid()))"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     return int(done.stdout.split()[-1])
 
 
 def _get(url: str, body: bytes | None = None) -> int:
-    request = urllib.request.Request(url, data=body,
-                                     headers={"Content-Type": "text/csv"} if body else {})
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "text/csv"} if body else {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
@@ -59,17 +66,23 @@ def serving_peak_rss(ml_root: Path, features: int, requests: int) -> dict:
     argv = [str(SERVE), "--ml-root", str(ml_root)]
     log(f"serving: SAGEMAKER_BIND_TO_PORT={port} {' '.join(argv)}")
     with open(ml_root / "serve.log", "w") as errors:  # a file: a full pipe would block the server
-        process = subprocess.Popen(argv, stdout=errors, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)})
+        process = subprocess.Popen(
+            argv,
+            stdout=errors,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)},
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             with PeakMemory(process.pid, None, interval=0.1) as memory:
                 deadline = time.monotonic() + READY_TIMEOUT
                 while _get(f"{base}/ping") != 200:
                     if process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"serve never answered /ping with 200 within "
-                                           f"{READY_TIMEOUT} s on port {port}; see "
-                                           f"{ml_root / 'serve.log'}")
+                        raise RuntimeError(
+                            f"serve never answered /ping with 200 within "
+                            f"{READY_TIMEOUT} s on port {port}; see "
+                            f"{ml_root / 'serve.log'}"
+                        )
                     time.sleep(0.2)
                 rows = np.random.default_rng(0).standard_normal((64, features))
                 body = "\n".join(",".join(f"{v:.5g}" for v in row) for row in rows).encode()
@@ -81,23 +94,41 @@ def serving_peak_rss(ml_root: Path, features: int, requests: int) -> dict:
             workers = [peak for pid, peak in memory.peaks.items() if pid != process.pid]
         finally:
             stop(process)
-    return {"master_bytes": master, "worker_bytes": workers, "requests": requests,
-            "rows_per_request": 64}
+    return {
+        "master_bytes": master,
+        "worker_bytes": workers,
+        "requests": requests,
+        "rows_per_request": 64,
+    }
 
 
-def measure(rank_peaks: list[int], model_root: Path | None, features: int,
-            requests: int) -> list[Measurement]:
+def measure(
+    rank_peaks: list[int], model_root: Path | None, features: int, requests: int
+) -> list[Measurement]:
     bare = bare_import_rss()
-    rows = [Measurement(
-        item=6, metric="peak RSS per rank (2-rank trainer job)", unit="MB",
-        value=max(rank_peaks) / MB if rank_peaks else None, reference=bare / MB,
-        reference_name="bare import tensorflow+horovod",
-        details={"rank_peak_rss_bytes": rank_peaks, "bare_import_bytes": bare})]
+    rows = [
+        Measurement(
+            item=6,
+            metric="peak RSS per rank (2-rank trainer job)",
+            unit="MB",
+            value=max(rank_peaks) / MB if rank_peaks else None,
+            reference=bare / MB,
+            reference_name="bare import tensorflow+horovod",
+            details={"rank_peak_rss_bytes": rank_peaks, "bare_import_bytes": bare},
+        )
+    ]
     if model_root is not None:
         serving = serving_peak_rss(model_root, features, requests)
-        rows.append(Measurement(
-            item=6, metric="peak RSS of the serving worker", unit="MB",
-            value=max(serving["worker_bytes"]) / MB if serving["worker_bytes"] else None,
-            reference=bare / MB, reference_name="bare import tensorflow+horovod",
-            note=f"master {serving['master_bytes'] / MB:.0f} MB", details=serving))
+        rows.append(
+            Measurement(
+                item=6,
+                metric="peak RSS of the serving worker",
+                unit="MB",
+                value=max(serving["worker_bytes"]) / MB if serving["worker_bytes"] else None,
+                reference=bare / MB,
+                reference_name="bare import tensorflow+horovod",
+                note=f"master {serving['master_bytes'] / MB:.0f} MB",
+                details=serving,
+            )
+        )
     return rows

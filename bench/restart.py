@@ -45,32 +45,54 @@ def measure(sizes: Sizes, workdir: Path) -> list[Measurement]:
             killed["at"] = time.time()
             os.kill(rank, signal.SIGKILL)
 
-    timeline = run_loopback(sizes, workdir, extra={
-        "epochs": str(EPOCHS), "checkpoint_every_epochs": str(CADENCE), "max_restarts": "1"},
-        watch=kill_in_flight)
+    timeline = run_loopback(
+        sizes,
+        workdir,
+        extra={"epochs": str(EPOCHS), "checkpoint_every_epochs": str(CADENCE), "max_restarts": "1"},
+        watch=kill_in_flight,
+    )
     if not killed:
         raise RuntimeError(f"the job never reported epoch {KILL_AFTER}")
     lines = timeline.lines
     restarted = next(i for i, (_, line) in enumerate(lines) if "restarting every rank" in line)
-    reported = [parse_metrics(line)["epoch"] for _, line in lines[:restarted]
-                if parse_metrics(line) is not None]
-    resumed = next(int(found[1]) for _, line in lines[restarted:]
-                   if (found := RESUMED.search(line)))
+    reported = [
+        parse_metrics(line)["epoch"]
+        for _, line in lines[:restarted]
+        if parse_metrics(line) is not None
+    ]
+    resumed = next(
+        int(found[1]) for _, line in lines[restarted:] if (found := RESUMED.search(line))
+    )
     first_again = next(t for t, line in lines[restarted:] if parse_metrics(line) is not None)
     lost = int(max(reported)) - (resumed - 1)
     seconds = first_again - killed["at"]
-    details = {"kill_to_restart_line": lines[restarted][0] - killed["at"],
-               "restart_line_to_resumed": next(t for t, line in lines[restarted:]
-                                               if RESUMED.search(line)) - lines[restarted][0],
-               "killed_at": killed["at"], "reported_before_restart": max(reported),
-               "resumed_at_epoch": resumed, "first_step_again": first_again,
-               "breakdown_seconds": timeline.breakdown()}
+    details = {
+        "kill_to_restart_line": lines[restarted][0] - killed["at"],
+        "restart_line_to_resumed": next(t for t, line in lines[restarted:] if RESUMED.search(line))
+        - lines[restarted][0],
+        "killed_at": killed["at"],
+        "reported_before_restart": max(reported),
+        "resumed_at_epoch": resumed,
+        "first_step_again": first_again,
+        "breakdown_seconds": timeline.breakdown(),
+    }
     return [
-        Measurement(item=10, metric="restart in the job: rank killed to first step again, "
-                    "2 launchers on loopback", unit="s", value=seconds,
-                    reference=timeline.startup(), reference_name="the job's own first start "
-                    "to first step", target=Target("value", "<=", 30.0), details=details),
-        Measurement(item=10, metric=f"restart in the job: steps lost (checkpoint every "
-                    f"{CADENCE} steps)", unit="steps", value=float(lost),
-                    target=Target("value", "<=", float(CADENCE)), details=details),
+        Measurement(
+            item=10,
+            metric="restart in the job: rank killed to first step again, 2 launchers on loopback",
+            unit="s",
+            value=seconds,
+            reference=timeline.startup(),
+            reference_name="the job's own first start to first step",
+            target=Target("value", "<=", 30.0),
+            details=details,
+        ),
+        Measurement(
+            item=10,
+            metric=f"restart in the job: steps lost (checkpoint every {CADENCE} steps)",
+            unit="steps",
+            value=float(lost),
+            target=Target("value", "<=", float(CADENCE)),
+            details=details,
+        ),
     ]

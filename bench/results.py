@@ -29,11 +29,14 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.subject not in TARGET_SUBJECTS:
-            raise ValueError(f"Unknown target subject: {self.subject}. Choose between "
-                             f"{', '.join(TARGET_SUBJECTS)}.")
+            raise ValueError(
+                f"Unknown target subject: {self.subject}. Choose between "
+                f"{', '.join(TARGET_SUBJECTS)}."
+            )
         if self.operator not in OPERATORS:
-            raise ValueError(f"Unknown operator: {self.operator}. Choose between "
-                             f"{', '.join(OPERATORS)}.")
+            raise ValueError(
+                f"Unknown operator: {self.operator}. Choose between {', '.join(OPERATORS)}."
+            )
 
     def met(self, value: float | None, ratio: float | None) -> bool | None:
         number = ratio if self.subject == "ratio" else value
@@ -73,8 +76,12 @@ class Measurement:
 
     def as_json(self) -> dict:
         data = asdict(self)
-        data.update(ratio=self.ratio, met=self.met, samples=list(self.samples),
-                    target=asdict(self.target) if self.target else None)
+        data.update(
+            ratio=self.ratio,
+            met=self.met,
+            samples=list(self.samples),
+            target=asdict(self.target) if self.target else None,
+        )
         return data
 
 
@@ -96,28 +103,37 @@ def table_rows(measurements: Sequence[Measurement]) -> list[list[str]]:
     for m in measurements:
         reference = _number(m.reference, m.unit) if m.reference is not None else "-"
         if m.reference_name:
-            reference = f"{reference} ({m.reference_name})" if m.reference is not None \
-                else m.reference_name
+            reference = (
+                f"{reference} ({m.reference_name})" if m.reference is not None else m.reference_name
+            )
         met = {True: "yes", False: "NO", None: "-"}[m.met]
-        rows.append([str(m.item), m.metric, _number(m.value, m.unit), reference,
-                     "-" if m.ratio is None else f"{m.ratio:.2f}",
-                     m.target.describe(m.unit) if m.target else "-", met])
+        rows.append(
+            [
+                str(m.item),
+                m.metric,
+                _number(m.value, m.unit),
+                reference,
+                "-" if m.ratio is None else f"{m.ratio:.2f}",
+                m.target.describe(m.unit) if m.target else "-",
+                met,
+            ]
+        )
     return rows
 
 
 def markdown_table(measurements: Sequence[Measurement]) -> str:
     rows = table_rows(measurements)
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |"
-              for row in rows[1:]]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows[1:]]
     return "\n".join(lines)
 
 
 def text_table(measurements: Sequence[Measurement]) -> str:
     rows = table_rows(measurements)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-             for row in rows]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
@@ -135,16 +151,28 @@ def machine() -> dict:
         load = os.getloadavg()
     except OSError:
         load = None
-    return {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "memory_bytes": memory, "python": platform.python_version(),
-            "system": platform.platform(), "load_average": load}
+    return {
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": memory,
+        "python": platform.python_version(),
+        "system": platform.platform(),
+        "load_average": load,
+    }
 
 
-def report(measurements: Sequence[Measurement], *, tiny: bool, started: float,
-           notes: Sequence[str] = ()) -> dict:
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
-            "tiny": tiny, "seconds": round(time.time() - started, 1), "machine": machine(),
-            "notes": list(notes), "measurements": [m.as_json() for m in measurements]}
+def report(
+    measurements: Sequence[Measurement], *, tiny: bool, started: float, notes: Sequence[str] = ()
+) -> dict:
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
+        "tiny": tiny,
+        "seconds": round(time.time() - started, 1),
+        "machine": machine(),
+        "notes": list(notes),
+        "measurements": [m.as_json() for m in measurements],
+    }
 
 
 def write_report(data: dict, folder: Path, name: str = "bench") -> Path:

@@ -45,8 +45,10 @@ from bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE, TF_IMAGE
 
 ITEMS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)
-NOISE_NOTE = ("The machine is shared: other work runs at the same time, so every number is "
-              "the median of repeats and the load average at each run's start is in the JSON.")
+NOISE_NOTE = (
+    "The machine is shared: other work runs at the same time, so every number is "
+    "the median of repeats and the load average at each run's start is in the JSON."
+)
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,15 @@ class BenchConfig:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.items) - set(ITEMS))
         if unknown or not self.items:
-            raise ValueError(f"Unknown item(s): {unknown or 'none given'}. Choose between "
-                             f"{', '.join(map(str, ITEMS))}.")
+            raise ValueError(
+                f"Unknown item(s): {unknown or 'none given'}. Choose between "
+                f"{', '.join(map(str, ITEMS))}."
+            )
         if self.cluster_mode not in ("auto", *cluster.MODES):
-            raise ValueError(f"Unknown cluster mode: {self.cluster_mode}. Choose between "
-                             f"auto, {', '.join(cluster.MODES)}.")
+            raise ValueError(
+                f"Unknown cluster mode: {self.cluster_mode}. Choose between "
+                f"auto, {', '.join(cluster.MODES)}."
+            )
 
     @property
     def sizes(self) -> Sizes:
@@ -75,61 +81,106 @@ class BenchConfig:
 
 
 def parse_arguments(argv: list[str] | None) -> BenchConfig:
-    parser = argparse.ArgumentParser(prog="python -m bench",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="every item at a tiny size")
-    parser.add_argument("--only", default=",".join(map(str, ITEMS)),
-                        help="comma-separated items to run (default: all)")
+    parser.add_argument(
+        "--only",
+        default=",".join(map(str, ITEMS)),
+        help="comma-separated items to run (default: all)",
+    )
     parser.add_argument("--results", type=Path, default=REPO / "results")
     parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
     parser.add_argument("--cluster", default="auto", help="auto, containers or loopback")
-    parser.add_argument("--image", default=DEFAULT_IMAGE,
-                        help="the image item 4 runs in containers (make build)")
-    parser.add_argument("--tf-image", default=TF_IMAGE,
-                        help="the TensorFlow 2.21 image item 9 runs (make build-tf)")
+    parser.add_argument(
+        "--image", default=DEFAULT_IMAGE, help="the image item 4 runs in containers (make build)"
+    )
+    parser.add_argument(
+        "--tf-image", default=TF_IMAGE, help="the TensorFlow 2.21 image item 9 runs (make build-tf)"
+    )
     parser.add_argument("--mpi-options", default="", help="extra mpirun options")
     args = parser.parse_args(argv)
     try:
         items = tuple(int(item) for item in args.only.split(",") if item.strip())
-        return BenchConfig(tiny=args.tiny, items=items, results=args.results,
-                           workdir=args.workdir.resolve(), cluster_mode=args.cluster,
-                           image=args.image, mpi_options=args.mpi_options,
-                           tf_image=args.tf_image)
+        return BenchConfig(
+            tiny=args.tiny,
+            items=items,
+            results=args.results,
+            workdir=args.workdir.resolve(),
+            cluster_mode=args.cluster,
+            image=args.image,
+            mpi_options=args.mpi_options,
+            tf_image=args.tf_image,
+        )
     except ValueError as error:
         parser.error(str(error))
 
 
 def failed(item: int, what: str, error: Exception) -> Measurement:
     traceback.print_exc()
-    return Measurement(item=item, metric=what, unit="", value=None,
-                       note=f"FAILED: {type(error).__name__}: {str(error).splitlines()[0]}"
-                            if str(error) else f"FAILED: {type(error).__name__}",
-                       details={"error": str(error)[-3000:]})
+    return Measurement(
+        item=item,
+        metric=what,
+        unit="",
+        value=None,
+        note=f"FAILED: {type(error).__name__}: {str(error).splitlines()[0]}"
+        if str(error)
+        else f"FAILED: {type(error).__name__}",
+        details={"error": str(error)[-3000:]},
+    )
 
 
 def input_rows(config: BenchConfig, consumption: float | None) -> list[Measurement]:
     sizes = config.sizes
     out = config.workdir / "input.json"
-    run([PYTHON, "-m", "bench.input_pipeline", str(out), str(config.workdir / "input"),
-         str(sizes.reader_samples), str(sizes.features), str(sizes.per_device_batch),
-         str(sizes.pipeline_batches), "3"], timeout=300, what="input pipeline",
-        env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    run(
+        [
+            PYTHON,
+            "-m",
+            "bench.input_pipeline",
+            str(out),
+            str(config.workdir / "input"),
+            str(sizes.reader_samples),
+            str(sizes.features),
+            str(sizes.per_device_batch),
+            str(sizes.pipeline_batches),
+            "3",
+        ],
+        timeout=300,
+        what="input pipeline",
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     raw = json.loads(out.read_text())
     rows = []
     for name in ("csv", "npz"):
         entry = raw["reader"][name]
-        rows.append(Measurement(
-            item=5, metric=f"channel reader, {name.upper()} ({sizes.features} features)",
-            unit="samples/s", value=entry["median"], reference=consumption,
-            reference_name="trainer consumption", target=Target("ratio", ">=", 10.0),
-            samples=tuple(entry["samples_per_sec"]),
-            note=f"{entry['file_bytes'] / 1e3:,.0f} kB file", details=entry))
+        rows.append(
+            Measurement(
+                item=5,
+                metric=f"channel reader, {name.upper()} ({sizes.features} features)",
+                unit="samples/s",
+                value=entry["median"],
+                reference=consumption,
+                reference_name="trainer consumption",
+                target=Target("ratio", ">=", 10.0),
+                samples=tuple(entry["samples_per_sec"]),
+                note=f"{entry['file_bytes'] / 1e3:,.0f} kB file",
+                details=entry,
+            )
+        )
     entry = raw["pipeline"]
-    rows.append(Measurement(
-        item=5, metric=f"tf.data training_input, batch {entry['batch']}", unit="samples/s",
-        value=entry["median"], reference=consumption, reference_name="trainer consumption",
-        target=Target("ratio", ">=", 10.0), samples=tuple(entry["samples_per_sec"]),
-        details=entry))
+    rows.append(
+        Measurement(
+            item=5,
+            metric=f"tf.data training_input, batch {entry['batch']}",
+            unit="samples/s",
+            value=entry["median"],
+            reference=consumption,
+            reference_name="trainer consumption",
+            target=Target("ratio", ">=", 10.0),
+            samples=tuple(entry["samples_per_sec"]),
+            details=entry,
+        )
+    )
     return rows
 
 
@@ -176,45 +227,71 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
         known = [c for c in trainer["consumption"] if c]
         return input_rows(config, max(known) if known else None)
 
-    items.attempt(1, "allreduce busbw", lambda: allreduce.measure(
-        sizes.allreduce_bytes, sizes.allreduce_repeats, workdir / "allreduce", extra))
+    items.attempt(
+        1,
+        "allreduce busbw",
+        lambda: allreduce.measure(
+            sizes.allreduce_bytes, sizes.allreduce_repeats, workdir / "allreduce", extra
+        ),
+    )
     if 6 in config.items and 2 not in config.items:  # item 6 measures item 2's ranks
         items.attempt(6, "scaling runs for peak RSS", scaling)
         items.rows = [row for row in items.rows if row.item != 2]
     items.attempt(2, "scaling efficiency", scaling)
     items.attempt(3, "accumulation cost", accumulation)
     items.attempt(5, "input pipeline", input_pipeline)
-    items.attempt(6, "peak RSS", lambda: memory.measure(
-        trainer["rank_peaks"], trainer["model_root"], sizes.features, sizes.serve_requests))
+    items.attempt(
+        6,
+        "peak RSS",
+        lambda: memory.measure(
+            trainer["rank_peaks"], trainer["model_root"], sizes.features, sizes.serve_requests
+        ),
+    )
     items.attempt(7, "data at scale", lambda: data_scale.measure(sizes, workdir / "data"))
-    items.attempt(4, "cluster overhead", lambda: cluster.measure(
-        sizes, workdir / "cluster", mode=config.cluster_mode, image=config.image))
+    items.attempt(
+        4,
+        "cluster overhead",
+        lambda: cluster.measure(
+            sizes, workdir / "cluster", mode=config.cluster_mode, image=config.image
+        ),
+    )
     items.attempt(10, "restart", lambda: restart.measure(sizes, workdir / "restart"))
     items.attempt(11, "served input", lambda: hetero.measure(sizes, workdir / "hetero"))
-    items.attempt(9, "stacks", lambda: stacks.measure(
-        sizes, workdir / "stacks", horovod_image=config.image, tf_image=config.tf_image))
+    items.attempt(
+        9,
+        "stacks",
+        lambda: stacks.measure(
+            sizes, workdir / "stacks", horovod_image=config.image, tf_image=config.tf_image
+        ),
+    )
     return sorted(items.rows, key=lambda m: m.item), items.seconds
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_arguments(argv)
     started = time.time()
-    log(f"{'tiny' if config.tiny else 'full'} run of items "
-        f"{', '.join(map(str, config.items))}; work in {config.workdir}")
+    log(
+        f"{'tiny' if config.tiny else 'full'} run of items "
+        f"{', '.join(map(str, config.items))}; work in {config.workdir}"
+    )
     rows, seconds = run_items(config)
-    notes = [NOISE_NOTE] + ([f"extra mpirun options: {config.mpi_options}"]
-                            if config.mpi_options else [])
+    notes = [NOISE_NOTE] + (
+        [f"extra mpirun options: {config.mpi_options}"] if config.mpi_options else []
+    )
     data = report(rows, tiny=config.tiny, started=started, notes=notes)
     data["item_seconds"] = seconds
     path = write_report(data, config.results)
     (config.results / f"bench{'-tiny' if config.tiny else ''}-latest.md").write_text(
-        markdown_table(rows) + "\n")
+        markdown_table(rows) + "\n"
+    )
     print(text_table(rows))
     for row in rows:
         if row.note:
             print(f"  [{row.item}] {row.metric}: {row.note}")
-    print(f"{NOISE_NOTE}\nbench: {len(rows)} rows in {data['seconds']:.0f} s; written to "
-          f"{path}", flush=True)
+    print(
+        f"{NOISE_NOTE}\nbench: {len(rows)} rows in {data['seconds']:.0f} s; written to {path}",
+        flush=True,
+    )
     return 1 if any(row.note.startswith("FAILED") for row in rows) else 0
 
 

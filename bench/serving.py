@@ -67,18 +67,24 @@ SERVE, BASELINE = "serve", "baseline"
 
 # --- set-up --------------------------------------------------------------------------------
 
+
 def ensure_wrk() -> str:
     """The path of `wrk`, installing the Debian package when it is missing and we are root."""
     found = shutil.which("wrk")
     if found:
         return found
     if os.geteuid() != 0:
-        sys.exit("bench-serve: wrk is missing; install it with: "
-                 "sudo apt-get install -y --no-install-recommends wrk")
+        sys.exit(
+            "bench-serve: wrk is missing; install it with: "
+            "sudo apt-get install -y --no-install-recommends wrk"
+        )
     print("bench-serve: installing the Debian package wrk", flush=True)
     subprocess.run(["apt-get", "update", "-q"], check=True)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "wrk"],
-                   check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "wrk"],
+        check=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
     return shutil.which("wrk")
 
 
@@ -88,13 +94,24 @@ def ensure_model(name: str) -> Path:
     ml_root = BUILD / name
     arguments = ["--epochs", "1", *MODELS[name]]
     stamp = ml_root / "args.json"
-    trained = (ml_root / "model" / "metadata.json").exists() and stamp.exists() \
+    trained = (
+        (ml_root / "model" / "metadata.json").exists()
+        and stamp.exists()
         and json.loads(stamp.read_text()) == arguments
+    )
     if not trained:
         print(f"bench-serve: training the {name} model under {ml_root}", flush=True)
         shutil.rmtree(ml_root, ignore_errors=True)
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "default_job.py"), "--ml-root",
-                        str(ml_root), *arguments], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "default_job.py"),
+                "--ml-root",
+                str(ml_root),
+                *arguments,
+            ],
+            check=True,
+        )
         stamp.write_text(json.dumps(arguments))
     return ml_root
 
@@ -111,6 +128,7 @@ def csv_row(row: np.ndarray) -> bytes:
 
 # --- the baseline: a carefully written BYOC server -------------------------------------------
 
+
 def baseline_app(ml_root: Path):
     """Loads the SavedModel once (in the worker, after fork), traces one call, serves CSV."""
     import flask
@@ -118,10 +136,13 @@ def baseline_app(ml_root: Path):
 
     metadata = json.loads((ml_root / "model" / "metadata.json").read_text())
     shape = tuple(metadata["input_shape"])
-    model = tf.keras.models.load_model(str(ml_root / "model" / metadata["model_path"]),
-                                       compile=False)
-    forward = tf.function(lambda batch: model(batch, training=False),
-                          input_signature=[tf.TensorSpec((None, *shape), tf.float32)])
+    model = tf.keras.models.load_model(
+        str(ml_root / "model" / metadata["model_path"]), compile=False
+    )
+    forward = tf.function(
+        lambda batch: model(batch, training=False),
+        input_signature=[tf.TensorSpec((None, *shape), tf.float32)],
+    )
     forward(np.zeros((1, *shape), np.float32))
     app = flask.Flask("baseline")
 
@@ -133,12 +154,16 @@ def baseline_app(ml_root: Path):
     def invocations():
         if flask.request.mimetype != "text/csv":
             return flask.Response("this predictor reads text/csv", status=415)
-        rows = np.loadtxt(io.BytesIO(flask.request.get_data()), delimiter=",", ndmin=2,
-                          dtype=np.float32)
+        rows = np.loadtxt(
+            io.BytesIO(flask.request.get_data()), delimiter=",", ndmin=2, dtype=np.float32
+        )
         probabilities = forward(rows.reshape((-1, *shape))).numpy()
-        return flask.jsonify(predictions=[
-            {"class": metadata["classes"][int(row.argmax())], "probabilities": row.tolist()}
-            for row in probabilities])
+        return flask.jsonify(
+            predictions=[
+                {"class": metadata["classes"][int(row.argmax())], "probabilities": row.tolist()}
+                for row in probabilities
+            ]
+        )
 
     return app
 
@@ -148,9 +173,15 @@ def run_baseline_server(port: int, ml_root: Path) -> None:
 
     class Baseline(BaseApplication):
         def load_config(self):
-            for name, value in {"bind": [f"127.0.0.1:{port}"], "workers": os.cpu_count(),
-                                "worker_class": "sync", "timeout": 60, "accesslog": None,
-                                "control_socket_disable": True, "loglevel": "warning"}.items():
+            for name, value in {
+                "bind": [f"127.0.0.1:{port}"],
+                "workers": os.cpu_count(),
+                "worker_class": "sync",
+                "timeout": 60,
+                "accesslog": None,
+                "control_socket_disable": True,
+                "loglevel": "warning",
+            }.items():
                 self.cfg.set(name, value)
 
         def load(self):
@@ -160,6 +191,7 @@ def run_baseline_server(port: int, ml_root: Path) -> None:
 
 
 # --- servers ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Server:
@@ -218,8 +250,9 @@ def wait_until_healthy(port: int, process: subprocess.Popen, timeout_s: float = 
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"the server on port {port} did not answer /ping with 200 in "
-                       f"{timeout_s:.0f} s")
+    raise RuntimeError(
+        f"the server on port {port} did not answer /ping with 200 in {timeout_s:.0f} s"
+    )
 
 
 @contextmanager
@@ -228,14 +261,25 @@ def started(name: str, ml_root: Path, env: dict[str, str] | None = None) -> Iter
     if name == SERVE:
         command = [str(Path(sys.executable).parent / "serve"), "--ml-root", str(ml_root)]
     else:
-        command = [sys.executable, "-m", "bench.serving", "--baseline-server", str(port),
-                   "--ml-root", str(ml_root)]
+        command = [
+            sys.executable,
+            "-m",
+            "bench.serving",
+            "--baseline-server",
+            str(port),
+            "--ml-root",
+            str(ml_root),
+        ]
     log = BUILD / f"{name}.log"
     with log.open("w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   start_new_session=True, cwd=ROOT,
-                                   env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port),
-                                        **(env or {})})
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            cwd=ROOT,
+            env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), **(env or {})},
+        )
     try:
         wait_until_healthy(port, process)
         yield Server(name, port, process)
@@ -245,6 +289,7 @@ def started(name: str, ml_root: Path, env: dict[str, str] | None = None) -> Iter
 
 
 # --- wrk -------------------------------------------------------------------------------------
+
 
 @dataclass
 class Result:
@@ -265,14 +310,24 @@ def _percentile_ms(output: str, percent: int) -> float:
     return float(found.group(1)) * UNITS_MS[found.group(2)]
 
 
-def wrk(wrk_path: str, server: Server, script: Path, concurrency: int,
-        duration_s: float) -> Result:
+def wrk(wrk_path: str, server: Server, script: Path, concurrency: int, duration_s: float) -> Result:
     """One wrk run against `server`: requests/s, p50/p99 and the server's CPU per request."""
     cpu_before = server.cpu_s()
     output = subprocess.run(
-        [wrk_path, "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--latency", "-s",
-         str(script), f"http://127.0.0.1:{server.port}/invocations"],
-        capture_output=True, text=True, check=True).stdout
+        [
+            wrk_path,
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{duration_s:g}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{server.port}/invocations",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     cpu_s = server.cpu_s() - cpu_before
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     p50, p99 = _percentile_ms(output, 50), _percentile_ms(output, 99)
@@ -280,19 +335,27 @@ def wrk(wrk_path: str, server: Server, script: Path, concurrency: int,
     errors = re.search(r"Socket errors:.*", output)
     if errors:
         print(f"    wrk: {errors.group(0)}", flush=True)
-    return Result(rate, p50, p99, 1000 * cpu_s / max(1.0, rate * duration_s),
-                  int(non_2xx.group(1)) if non_2xx else 0)
+    return Result(
+        rate,
+        p50,
+        p99,
+        1000 * cpu_s / max(1.0, rate * duration_s),
+        int(non_2xx.group(1)) if non_2xx else 0,
+    )
 
 
 def wrk_script(directory: Path, row: np.ndarray) -> Path:
     script = directory / "post_csv_row.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = "{csv_row(row).decode()}"\n'
-                      'wrk.headers["Content-Type"] = "text/csv"\n'
-                      'wrk.headers["Accept"] = "application/json"\n')
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = "{csv_row(row).decode()}"\n'
+        'wrk.headers["Content-Type"] = "text/csv"\n'
+        'wrk.headers["Accept"] = "application/json"\n'
+    )
     return script
 
 
 # --- the benchmark ---------------------------------------------------------------------------
+
 
 def forward_cost_ms(ml_root: Path, rows: np.ndarray) -> dict[int, float]:
     """The model alone: ms per traced call of 1 and 32 rows, in this process, one thread."""
@@ -311,24 +374,35 @@ for n in (1, 32):
     costs[n] = 1000 * (time.perf_counter() - start) / calls
 print(json.dumps(costs))
 """
-    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "3"}
-    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, env=env).stdout
+    env = {
+        **os.environ,
+        "TF_NUM_INTRAOP_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    output = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout
     return {int(n): cost for n, cost in json.loads(output.splitlines()[-1]).items()}
 
 
-HEADER = (f"{'model':<5} {'conc':>4} {'server':<9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'cpu ms/req':>10} {'non-2xx':>7} {'load':>5}")
+HEADER = (
+    f"{'model':<5} {'conc':>4} {'server':<9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+    f"{'cpu ms/req':>10} {'non-2xx':>7} {'load':>5}"
+)
 
 
-def bench_model(name: str, wrk_path: str, args: argparse.Namespace,
-                workdir: Path) -> dict[int, dict[str, Result]]:
+def bench_model(
+    name: str, wrk_path: str, args: argparse.Namespace, workdir: Path
+) -> dict[int, dict[str, Result]]:
     ml_root = ensure_model(name)
     rows = digits()
     costs = forward_cost_ms(ml_root, rows)
-    print(f"\n{name}: the traced forward pass alone, one thread: {costs[1]:.2f} ms for 1 row, "
-          f"{costs[32]:.2f} ms for 32 rows", flush=True)
+    print(
+        f"\n{name}: the traced forward pass alone, one thread: {costs[1]:.2f} ms for 1 row, "
+        f"{costs[32]:.2f} ms for 32 rows",
+        flush=True,
+    )
     script = wrk_script(workdir, rows[0])
     table: dict[int, dict[str, Result]] = {}
     with started(SERVE, ml_root) as serve, started(BASELINE, ml_root) as baseline:
@@ -340,19 +414,26 @@ def bench_model(name: str, wrk_path: str, args: argparse.Namespace,
             runs: dict[str, list[Result]] = {SERVE: [], BASELINE: []}
             for repeat in range(args.repeats):  # A B, B A, ...: see the module docstring
                 for server in servers if repeat % 2 == 0 else servers[::-1]:
-                    runs[server.name].append(wrk(wrk_path, server, script, concurrency,
-                                                 args.duration))
+                    runs[server.name].append(
+                        wrk(wrk_path, server, script, concurrency, args.duration)
+                    )
             table[concurrency] = {}
             for server in servers:
                 results = runs[server.name]
-                median = Result(*(statistics.median(getattr(r, field) for r in results)
-                                  for field in Result.__dataclass_fields__))
+                median = Result(
+                    *(
+                        statistics.median(getattr(r, field) for r in results)
+                        for field in Result.__dataclass_fields__
+                    )
+                )
                 table[concurrency][server.name] = median
-                print(f"{name:<5} {concurrency:>4} {server.name:<9} "
-                      f"{median.requests_per_s:>8.0f} {median.p50_ms:>8.2f} "
-                      f"{median.p99_ms:>8.2f} {median.cpu_ms_per_request:>10.2f} "
-                      f"{sum(r.non_2xx for r in results):>7} {os.getloadavg()[0]:>5.1f}",
-                      flush=True)
+                print(
+                    f"{name:<5} {concurrency:>4} {server.name:<9} "
+                    f"{median.requests_per_s:>8.0f} {median.p50_ms:>8.2f} "
+                    f"{median.p99_ms:>8.2f} {median.cpu_ms_per_request:>10.2f} "
+                    f"{sum(r.non_2xx for r in results):>7} {os.getloadavg()[0]:>5.1f}",
+                    flush=True,
+                )
     return table
 
 
@@ -373,24 +454,46 @@ def measurements(tables: dict[str, dict[int, dict[str, Result]]]) -> list[Measur
         for concurrency, cell in table.items():
             serve, baseline = cell[SERVE], cell[BASELINE]
             throughput = THROUGHPUT_TARGETS[name].get(concurrency)
-            rows.append(Measurement(
-                ITEM, f"serve {name} c={concurrency} throughput", "req/s", serve.requests_per_s,
-                baseline.requests_per_s, REFERENCE,
-                Target("ratio", ">=", throughput) if throughput else None))
-            rows.append(Measurement(
-                ITEM, f"serve {name} c={concurrency} p99", "ms", serve.p99_ms, baseline.p99_ms,
-                REFERENCE, Target("ratio", "<=", P99_TARGETS[name])))
-            rows.append(Measurement(
-                ITEM, f"serve {name} c={concurrency} non-2xx answers", "", serve.non_2xx,
-                target=Target("value", "<=", 0)))
+            rows.append(
+                Measurement(
+                    ITEM,
+                    f"serve {name} c={concurrency} throughput",
+                    "req/s",
+                    serve.requests_per_s,
+                    baseline.requests_per_s,
+                    REFERENCE,
+                    Target("ratio", ">=", throughput) if throughput else None,
+                )
+            )
+            rows.append(
+                Measurement(
+                    ITEM,
+                    f"serve {name} c={concurrency} p99",
+                    "ms",
+                    serve.p99_ms,
+                    baseline.p99_ms,
+                    REFERENCE,
+                    Target("ratio", "<=", P99_TARGETS[name]),
+                )
+            )
+            rows.append(
+                Measurement(
+                    ITEM,
+                    f"serve {name} c={concurrency} non-2xx answers",
+                    "",
+                    serve.non_2xx,
+                    target=Target("value", "<=", 0),
+                )
+            )
     return rows
 
 
 def report(tables: dict[str, dict[int, dict[str, Result]]], started_at: float) -> bool:
     rows = measurements(tables)
     print("\n" + text_table(rows))
-    path = write_report(results_report(rows, tiny=False, started=started_at), RESULTS,
-                        name="bench-serve")
+    path = write_report(
+        results_report(rows, tiny=False, started=started_at), RESULTS, name="bench-serve"
+    )
     (RESULTS / "bench-serve-latest.md").write_text(markdown_table(rows) + "\n")
     all_met = all(row.met is not False for row in rows)
     print(f"\ntargets: {'all met' if all_met else 'MISSED'}; results in {path}")
@@ -399,16 +502,24 @@ def report(tables: dict[str, dict[int, dict[str, Result]]], started_at: float) -
 
 # --- the soak run ----------------------------------------------------------------------------
 
+
 def npy_header_only(shape: str) -> bytes:
     header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}".encode()
     header = header.ljust(117) + b"\n"
     return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
 
 
-def http_request(path: str, body: bytes, content_type: str, accept: str = "application/json",
-                 method: str = "POST") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: soak\r\nContent-Type: {content_type}\r\n"
-            f"Accept: {accept}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+def http_request(
+    path: str,
+    body: bytes,
+    content_type: str,
+    accept: str = "application/json",
+    method: str = "POST",
+) -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: soak\r\nContent-Type: {content_type}\r\n"
+        f"Accept: {accept}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def invalid_requests(payload_limit: int) -> list[tuple[str, bytes, int]]:
@@ -419,17 +530,31 @@ def invalid_requests(payload_limit: int) -> list[tuple[str, bytes, int]]:
         ("NaN", http_request("/invocations", row[:-1] + b"nan", "text/csv"), 400),
         ("short row", http_request("/invocations", b"1,2,3", "text/csv"), 400),
         ("bad JSON", http_request("/invocations", b"[[1, 2", "application/json"), 400),
-        ("negative .npy", http_request("/invocations", npy_header_only("(-1, 64)"),
-                                       "application/x-npy"), 400),
-        ("absurd .npy", http_request("/invocations", npy_header_only("(0, 100000000000000000000)"),
-                                     "application/x-npy"), 400),
-        ("punycode", http_request("/invocations", b"1-" + b"z" * 50000,
-                                  "text/csv; charset=punycode"), 415),
+        (
+            "negative .npy",
+            http_request("/invocations", npy_header_only("(-1, 64)"), "application/x-npy"),
+            400,
+        ),
+        (
+            "absurd .npy",
+            http_request(
+                "/invocations", npy_header_only("(0, 100000000000000000000)"), "application/x-npy"
+            ),
+            400,
+        ),
+        (
+            "punycode",
+            http_request("/invocations", b"1-" + b"z" * 50000, "text/csv; charset=punycode"),
+            415,
+        ),
         ("text/plain", http_request("/invocations", row, "text/plain"), 415),
         ("Accept html", http_request("/invocations", row, "text/csv", "text/html"), 406),
         ("no such path", http_request("/predict", row, "text/csv"), 404),
-        ("over the limit", http_request("/invocations", b"1," * (payload_limit // 2 + 1),
-                                        "text/csv"), 413),
+        (
+            "over the limit",
+            http_request("/invocations", b"1," * (payload_limit // 2 + 1), "text/csv"),
+            413,
+        ),
     ]
 
 
@@ -450,15 +575,18 @@ SLOW_BYTE_S = 0.05  # a slow client sends a byte of its body this often
 def slow_requests(valid: list) -> list:
     """The valid requests as a slow client sends them: one whose body takes longer than the
     request timeout to send (a 5-row JSON body: about 80 s) must be refused with a 408."""
+
     def refused(status: int, body: bytes) -> str | None:
         if status != 408 or "error" not in json.loads(body):
             return f"status {status}, expected 408: {body[:200]}"
         return None
 
-    return [(kind, request, check)
-            if len(request.split(b"\r\n\r\n", 1)[1]) * SLOW_BYTE_S < SOAK_TIMEOUT_S
-            else (f"{kind}, too slow", request, refused)
-            for kind, request, check in valid]
+    return [
+        (kind, request, check)
+        if len(request.split(b"\r\n\r\n", 1)[1]) * SLOW_BYTE_S < SOAK_TIMEOUT_S
+        else (f"{kind}, too slow", request, refused)
+        for kind, request, check in valid
+    ]
 
 
 async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, bytes, bool]:
@@ -485,8 +613,9 @@ async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, by
     return status, await reader.readexactly(length), closing
 
 
-async def _soak_client(port: int, stop_at: float, soak: Soak, valid: list, invalid: list,
-                       seed: int, slow: bool) -> None:
+async def _soak_client(
+    port: int, stop_at: float, soak: Soak, valid: list, invalid: list, seed: int, slow: bool
+) -> None:
     rng = np.random.default_rng(seed)
     reader = writer = None
     while time.monotonic() < stop_at:
@@ -525,24 +654,34 @@ def valid_requests(ml_root: Path, rows: np.ndarray) -> list:
                 return f"status {status}: {body[:200]}"
             predictions = json.loads(body)["predictions"]
             got = np.array([p["probabilities"] for p in predictions])
-            if ([p["class"] for p in predictions] != expected[indices].argmax(axis=1).tolist()
-                    or not np.allclose(got, expected[indices], rtol=1e-4, atol=1e-6)):
+            if [p["class"] for p in predictions] != expected[indices].argmax(
+                axis=1
+            ).tolist() or not np.allclose(got, expected[indices], rtol=1e-4, atol=1e-6):
                 return f"answer {predictions} differs from the model's"
             return None
+
         return check
 
-    requests = [("CSV row", http_request("/invocations", csv_row(rows[i]), "text/csv"),
-                 check_json([i])) for i in range(len(rows))]
+    requests = [
+        ("CSV row", http_request("/invocations", csv_row(rows[i]), "text/csv"), check_json([i]))
+        for i in range(len(rows))
+    ]
     for start in range(0, len(rows), 5):
         indices = list(range(start, min(start + 5, len(rows))))
         body = json.dumps({"instances": rows[indices].tolist()}).encode()
-        requests.append(("JSON 5 rows", http_request("/invocations", body, "application/json"),
-                         check_json(indices)))
+        requests.append(
+            (
+                "JSON 5 rows",
+                http_request("/invocations", body, "application/json"),
+                check_json(indices),
+            )
+        )
     return requests
 
 
-def flood(server: Server, rows: np.ndarray, concurrency: int = 64,
-          payload_mb: int = 6) -> tuple[dict[int, int], float]:
+def flood(
+    server: Server, rows: np.ndarray, concurrency: int = 64, payload_mb: int = 6
+) -> tuple[dict[int, int], float]:
     """`concurrency` posts of a `payload_mb` MB CSV body at once: statuses, seconds taken."""
     lines = [csv_row(row) for row in rows]
     body, size = [], 0
@@ -575,31 +714,42 @@ def soak(args: argparse.Namespace) -> bool:
     soak_run = Soak({}, [])
     memory: list[tuple[float, float]] = []
     duration_s = args.soak_minutes * 60
-    with started(SERVE, ml_root, {"SAGEMAKER_MODEL_SERVER_TIMEOUT": str(SOAK_TIMEOUT_S)}) \
-            as server:
-        print(f"soak: serve workers {sorted(server.worker_rss_mb())}, resident "
-              f"{sum(server.worker_rss_mb().values()):.0f} MB at start", flush=True)
+    with started(SERVE, ml_root, {"SAGEMAKER_MODEL_SERVER_TIMEOUT": str(SOAK_TIMEOUT_S)}) as server:
+        print(
+            f"soak: serve workers {sorted(server.worker_rss_mb())}, resident "
+            f"{sum(server.worker_rss_mb().values()):.0f} MB at start",
+            flush=True,
+        )
         statuses, seconds = flood(server, rows)
-        peak = {pid: re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
-                for pid in server.worker_rss_mb()}
-        print(f"flood: 64 concurrent 6 MB CSV posts answered {statuses} in {seconds:.0f} s; "
-              "peak resident memory per worker "
-              f"{', '.join(f'{int(m.group(1)) / 1024:.0f} MB' for m in peak.values() if m)}",
-              flush=True)
+        peak = {
+            pid: re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
+            for pid in server.worker_rss_mb()
+        }
+        print(
+            f"flood: 64 concurrent 6 MB CSV posts answered {statuses} in {seconds:.0f} s; "
+            "peak resident memory per worker "
+            f"{', '.join(f'{int(m.group(1)) / 1024:.0f} MB' for m in peak.values() if m)}",
+            flush=True,
+        )
         started_at = time.monotonic()
         stop_at = started_at + duration_s
 
         async def sample() -> None:
             while time.monotonic() < stop_at:
-                memory.append((time.monotonic() - started_at,
-                               sum(server.worker_rss_mb().values())))
+                memory.append((time.monotonic() - started_at, sum(server.worker_rss_mb().values())))
                 await asyncio.sleep(5)
 
         async def main() -> None:
-            clients = [_soak_client(server.port, stop_at, soak_run, valid, invalid, seed, False)
-                       for seed in range(64)]
-            clients += [_soak_client(server.port, stop_at, soak_run, slow_requests(valid),
-                                     invalid, seed, True) for seed in range(64, 68)]
+            clients = [
+                _soak_client(server.port, stop_at, soak_run, valid, invalid, seed, False)
+                for seed in range(64)
+            ]
+            clients += [
+                _soak_client(
+                    server.port, stop_at, soak_run, slow_requests(valid), invalid, seed, True
+                )
+                for seed in range(64, 68)
+            ]
             await asyncio.gather(sample(), *clients)
 
         asyncio.run(main())
@@ -607,32 +757,52 @@ def soak(args: argparse.Namespace) -> bool:
     return soak_report(soak_run, memory, duration_s, alive, statuses)
 
 
-def soak_report(soak_run: Soak, memory: list[tuple[float, float]], duration_s: float,
-                alive: bool, flood_statuses: dict[int, int]) -> bool:
+def soak_report(
+    soak_run: Soak,
+    memory: list[tuple[float, float]],
+    duration_s: float,
+    alive: bool,
+    flood_statuses: dict[int, int],
+) -> bool:
     total = sum(sum(counts.values()) for counts in soak_run.statuses.values())
-    print(f"\nsoak: {total} requests in {duration_s:.0f} s at concurrency 64 plus 4 slow "
-          f"clients ({total / duration_s:.0f} requests/s)")
+    print(
+        f"\nsoak: {total} requests in {duration_s:.0f} s at concurrency 64 plus 4 slow "
+        f"clients ({total / duration_s:.0f} requests/s)"
+    )
     for kind, counts in sorted(soak_run.statuses.items()):
         print(f"  {kind:<15} {dict(sorted(counts.items()))}")
-    server_errors = sum(n for counts in soak_run.statuses.values()
-                        for status, n in counts.items() if status >= 500)
-    server_errors += sum(n for status, n in flood_statuses.items() if status >= 500
-                         and status != 503)
+    server_errors = sum(
+        n for counts in soak_run.statuses.values() for status, n in counts.items() if status >= 500
+    )
+    server_errors += sum(
+        n for status, n in flood_statuses.items() if status >= 500 and status != 503
+    )
     warm = [rss for at, rss in memory if at >= duration_s * 0.25]
     growth = (max(warm) / warm[0] - 1) if warm else float("nan")
-    print("  resident memory of the workers, MB: " + ", ".join(
-        f"{at:.0f}s {rss:.0f}" for at, rss in memory[::max(1, len(memory) // 12)]))
-    print(f"  after warm-up (the first quarter): from {warm[0]:.0f} to at most {max(warm):.0f} "
-          f"MB ({100 * growth:+.1f} %)" if warm else "  no memory samples")
+    print(
+        "  resident memory of the workers, MB: "
+        + ", ".join(f"{at:.0f}s {rss:.0f}" for at, rss in memory[:: max(1, len(memory) // 12)])
+    )
+    print(
+        f"  after warm-up (the first quarter): from {warm[0]:.0f} to at most {max(warm):.0f} "
+        f"MB ({100 * growth:+.1f} %)"
+        if warm
+        else "  no memory samples"
+    )
     for problem in soak_run.wrong[:10]:
         print(f"  WRONG {problem}")
-    checks = {"no 5xx": server_errors == 0, "every answer right": not soak_run.wrong,
-              "memory flat within 10 %": warm and growth <= 0.10, "server alive": alive}
+    checks = {
+        "no 5xx": server_errors == 0,
+        "every answer right": not soak_run.wrong,
+        "memory flat within 10 %": warm and growth <= 0.10,
+        "server alive": alive,
+    }
     print("soak: " + ", ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in checks.items()))
     return all(checks.values())
 
 
 # --- main ------------------------------------------------------------------------------------
+
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -651,15 +821,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_server:
         run_baseline_server(args.baseline_server, args.ml_root)
         return 0
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start (other "
-          "processes skew absolute numbers; the interleaved ratios much less)", flush=True)
+    print(
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start (other "
+        "processes skew absolute numbers; the interleaved ratios much less)",
+        flush=True,
+    )
     if args.soak:
         ok = soak(args)
     else:
         wrk_path = ensure_wrk()
         with tempfile.TemporaryDirectory() as workdir:
-            tables = {name: bench_model(name, wrk_path, args, Path(workdir))
-                      for name in args.models.split(",")}
+            tables = {
+                name: bench_model(name, wrk_path, args, Path(workdir))
+                for name in args.models.split(",")
+            }
         ok = report(tables, started_at)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0 if ok else 1

@@ -34,15 +34,45 @@ class Sizes:
     image_model: str  # item 7: the model whose consumption the image pipeline must outpace
     parity_epochs: int  # item 7: epochs of the TFRecord vs CSV accuracy jobs
 
+
 FULL = Sizes(
-    allreduce_bytes=tuple(4 * KB * 4 ** i for i in range(9)),  # 4 KB .. 256 MB
-    allreduce_repeats=5, samples=8192, features=256, hidden_units="1024,1024",
-    per_device_batch=256, accumulation_steps=4, epochs=3, repeats=2, reader_samples=16384,
-    pipeline_batches=200, cluster_epochs=3, serve_requests=50, scale_copies=25,
-    scale_image_size=224, image_copies=3, image_model="mobilenet_v2", parity_epochs=6)
+    allreduce_bytes=tuple(4 * KB * 4**i for i in range(9)),  # 4 KB .. 256 MB
+    allreduce_repeats=5,
+    samples=8192,
+    features=256,
+    hidden_units="1024,1024",
+    per_device_batch=256,
+    accumulation_steps=4,
+    epochs=3,
+    repeats=2,
+    reader_samples=16384,
+    pipeline_batches=200,
+    cluster_epochs=3,
+    serve_requests=50,
+    scale_copies=25,
+    scale_image_size=224,
+    image_copies=3,
+    image_model="mobilenet_v2",
+    parity_epochs=6,
+)
 
 TINY = Sizes(
-    allreduce_bytes=(4 * KB, 64 * KB), allreduce_repeats=2, samples=256, features=8,
-    hidden_units="16", per_device_batch=32, accumulation_steps=4, epochs=2, repeats=1,
-    reader_samples=256, pipeline_batches=5, cluster_epochs=2, serve_requests=3,
-    scale_copies=1, scale_image_size=16, image_copies=1, image_model="cnn", parity_epochs=1)
+    allreduce_bytes=(4 * KB, 64 * KB),
+    allreduce_repeats=2,
+    samples=256,
+    features=8,
+    hidden_units="16",
+    per_device_batch=32,
+    accumulation_steps=4,
+    epochs=2,
+    repeats=1,
+    reader_samples=256,
+    pipeline_batches=5,
+    cluster_epochs=2,
+    serve_requests=3,
+    scale_copies=1,
+    scale_image_size=16,
+    image_copies=1,
+    image_model="cnn",
+    parity_epochs=1,
+)

@@ -42,19 +42,25 @@ class Stack:
 
 def run_in_image(engine: Engine, image: str, root: Path) -> float | None:
     """One job in one container; the median samples/s of its epochs after the first."""
-    result = engine.run("run", "--rm", "-v", f"{root}:/opt/ml", image, "train", check=False,
-                        timeout=RUN_TIMEOUT)
+    result = engine.run(
+        "run", "--rm", "-v", f"{root}:/opt/ml", image, "train", check=False, timeout=RUN_TIMEOUT
+    )
     if result.returncode:
-        raise RuntimeError(f"the job in {image} exited {result.returncode}: "
-                           f"{(result.stdout + result.stderr)[-2000:]}")
+        raise RuntimeError(
+            f"the job in {image} exited {result.returncode}: "
+            f"{(result.stdout + result.stderr)[-2000:]}"
+        )
     epochs = parse_metrics(result.stdout)[1:]
     return median(e["samples_per_sec"] for e in epochs if "samples_per_sec" in e)
 
 
 def measure(sizes: Sizes, workdir: Path, horovod_image: str, tf_image: str) -> list[Measurement]:
     engine = Engine.detect()
-    stacks = [Stack("Horovod", horovod_image), Stack("MWMS", tf_image, MWMS),
-              Stack("Keras 3 on JAX", tf_image, JAX)]
+    stacks = [
+        Stack("Horovod", horovod_image),
+        Stack("MWMS", tf_image, MWMS),
+        Stack("Keras 3 on JAX", tf_image, JAX),
+    ]
     data = synthetic(DataShape(sizes.samples, sizes.features))
     batch = sizes.per_device_batch
     for repeat in range(sizes.repeats):
@@ -62,26 +68,50 @@ def measure(sizes: Sizes, workdir: Path, horovod_image: str, tf_image: str) -> l
             for ranks in (1, 2):
                 root = workdir / f"{stack.name}-{ranks}-{repeat}"
                 shutil.rmtree(root, ignore_errors=True)
-                write_job(root, {**hyperparameters(sizes, ranks=ranks, per_device_batch=batch,
-                                                   max_device_batch=batch), **stack.extra}, data)
+                write_job(
+                    root,
+                    {
+                        **hyperparameters(
+                            sizes, ranks=ranks, per_device_batch=batch, max_device_batch=batch
+                        ),
+                        **stack.extra,
+                    },
+                    data,
+                )
                 log(f"item 9: {stack.name}, {ranks} rank(s), run {repeat + 1}")
                 try:
-                    stack.runs.setdefault(ranks, []).append(
-                        run_in_image(engine, stack.image, root))
+                    stack.runs.setdefault(ranks, []).append(run_in_image(engine, stack.image, root))
                 except subprocess.TimeoutExpired as error:
                     raise RuntimeError(f"{stack.name} {ranks} rank(s): {error}") from None
     horovod = stacks[0]
     model = f"mlp {sizes.features}-{sizes.hidden_units.replace(',', '-')}-10, batch {batch}"
-    rows = [Measurement(
-        item=9, metric=f"stacks: {stack.name} (TF 2.21 image) vs Horovod (TF 2.15), 2 ranks",
-        unit="samples/s", value=stack.throughput(2), reference=horovod.throughput(2),
-        reference_name="Horovod, 2 ranks", target=Target("ratio", ">=", 0.9),
-        note=f"{model}; one container each", samples=tuple(stack.runs.get(2, [])),
-        details={stack.name: stack.runs for stack in stacks}) for stack in stacks[1:]]
+    rows = [
+        Measurement(
+            item=9,
+            metric=f"stacks: {stack.name} (TF 2.21 image) vs Horovod (TF 2.15), 2 ranks",
+            unit="samples/s",
+            value=stack.throughput(2),
+            reference=horovod.throughput(2),
+            reference_name="Horovod, 2 ranks",
+            target=Target("ratio", ">=", 0.9),
+            note=f"{model}; one container each",
+            samples=tuple(stack.runs.get(2, [])),
+            details={stack.name: stack.runs for stack in stacks},
+        )
+        for stack in stacks[1:]
+    ]
     for stack in stacks:
         single = stack.throughput(1)
-        rows.append(Measurement(
-            item=9, metric=f"stacks: {stack.name} scaling, 2 ranks vs 1", unit="samples/s",
-            value=stack.throughput(2), reference=None if single is None else 2 * single,
-            reference_name="2 x 1 rank", note=model, samples=tuple(stack.runs.get(2, []))))
+        rows.append(
+            Measurement(
+                item=9,
+                metric=f"stacks: {stack.name} scaling, 2 ranks vs 1",
+                unit="samples/s",
+                value=stack.throughput(2),
+                reference=None if single is None else 2 * single,
+                reference_name="2 x 1 rank",
+                note=model,
+                samples=tuple(stack.runs.get(2, [])),
+            )
+        )
     return rows

@@ -32,13 +32,27 @@ ONE_THREAD = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1"
 RUN_TIMEOUT = 600
 
 
-def hyperparameters(sizes: Sizes, *, ranks: int, per_device_batch: int,
-                    max_device_batch: int, mpi_options: str = ONE_THREAD) -> dict[str, str]:
+def hyperparameters(
+    sizes: Sizes,
+    *,
+    ranks: int,
+    per_device_batch: int,
+    max_device_batch: int,
+    mpi_options: str = ONE_THREAD,
+) -> dict[str, str]:
     """A throughput job: no checkpoints, no warmup, the MLP of `sizes`, fixed threads."""
-    return {"model": "mlp", "hidden_units": sizes.hidden_units, "epochs": str(sizes.epochs),
-            "processes_per_host": str(ranks), "per_device_batch_size": str(per_device_batch),
-            "max_device_batch_size": str(max_device_batch), "checkpoint_every_epochs": "0",
-            "warmup_epochs": "0", "learning_rate": "0.001", "mpi_options": mpi_options}
+    return {
+        "model": "mlp",
+        "hidden_units": sizes.hidden_units,
+        "epochs": str(sizes.epochs),
+        "processes_per_host": str(ranks),
+        "per_device_batch_size": str(per_device_batch),
+        "max_device_batch_size": str(max_device_batch),
+        "checkpoint_every_epochs": "0",
+        "warmup_epochs": "0",
+        "learning_rate": "0.001",
+        "mpi_options": mpi_options,
+    }
 
 
 @dataclass
@@ -53,8 +67,7 @@ class Configuration:
     loads: list[float] = field(default_factory=list)
 
     def run_throughputs(self) -> list[float]:
-        return [sum(median(run.steady_samples_per_sec()) for run in group)
-                for group in self.runs]
+        return [sum(median(run.steady_samples_per_sec()) for run in group) for group in self.runs]
 
     def throughput(self) -> float | None:
         return median(self.run_throughputs())
@@ -63,14 +76,17 @@ class Configuration:
         return [peak for group in self.runs for run in group for peak in run.rank_peak_rss]
 
     def details(self) -> dict:
-        return {"hyperparameters": self.hyperparameters, "copies": self.copies,
-                "epoch_samples_per_sec": [[[e.get("samples_per_sec") for e in run.epochs]
-                                           for run in group] for group in self.runs],
-                "run_seconds": [[round(run.seconds, 1) for run in group]
-                                for group in self.runs],
-                "rank_peak_rss_bytes": [[run.rank_peak_rss for run in group]
-                                        for group in self.runs],
-                "load_average_at_start": self.loads}
+        return {
+            "hyperparameters": self.hyperparameters,
+            "copies": self.copies,
+            "epoch_samples_per_sec": [
+                [[e.get("samples_per_sec") for e in run.epochs] for run in group]
+                for group in self.runs
+            ],
+            "run_seconds": [[round(run.seconds, 1) for run in group] for group in self.runs],
+            "rank_peak_rss_bytes": [[run.rank_peak_rss for run in group] for group in self.runs],
+            "load_average_at_start": self.loads,
+        }
 
 
 def run_interleaved(configurations: list[Configuration], sizes: Sizes, workdir: Path) -> None:
@@ -83,39 +99,66 @@ def run_interleaved(configurations: list[Configuration], sizes: Sizes, workdir: 
                 shutil.rmtree(root, ignore_errors=True)
                 roots.append(write_job(root, configuration.hyperparameters, data))
             configuration.loads.append(round(os.getloadavg()[0], 2))
-            configuration.runs.append(run_trains(
-                roots, timeout=RUN_TIMEOUT, what=f"{configuration.name} (run {repeat + 1})"))
+            configuration.runs.append(
+                run_trains(
+                    roots, timeout=RUN_TIMEOUT, what=f"{configuration.name} (run {repeat + 1})"
+                )
+            )
 
 
-def scaling(sizes: Sizes, workdir: Path, extra_mpi_options: str = "",
-            capacity: bool = True) -> tuple[list[Measurement], Configuration, Configuration]:
+def scaling(
+    sizes: Sizes, workdir: Path, extra_mpi_options: str = "", capacity: bool = True
+) -> tuple[list[Measurement], Configuration, Configuration]:
     """The scaling row, and with `capacity` a diagnostic row: two independent 1-rank jobs at
     once, i.e. what two processes get from this machine now. 2 ranks vs that isolates what
     the ranks lose to each other (communication) from what other work on the machine takes."""
     batch, options = sizes.per_device_batch, f"{ONE_THREAD} {extra_mpi_options}".strip()
-    one_rank = hyperparameters(sizes, ranks=1, per_device_batch=batch, max_device_batch=batch,
-                               mpi_options=options)
+    one_rank = hyperparameters(
+        sizes, ranks=1, per_device_batch=batch, max_device_batch=batch, mpi_options=options
+    )
     one = Configuration("1rank", one_rank)
-    two = Configuration("2ranks", hyperparameters(sizes, ranks=2, per_device_batch=batch,
-                                                  max_device_batch=batch, mpi_options=options))
+    two = Configuration(
+        "2ranks",
+        hyperparameters(
+            sizes, ranks=2, per_device_batch=batch, max_device_batch=batch, mpi_options=options
+        ),
+    )
     pair = Configuration("2jobs", one_rank, copies=2)
     run_interleaved([one, two, pair] if capacity else [one, two], sizes, workdir)
     single = one.throughput()
     model = f"mlp {sizes.features}-{sizes.hidden_units.replace(',', '-')}-10"
-    rows = [Measurement(
-        item=2, metric="scaling: 2 ranks x 1 thread, samples/s", unit="samples/s",
-        value=two.throughput(), reference=None if single is None else 2 * single,
-        reference_name="2 x 1 rank x 1 thread", target=Target("ratio", ">=", 0.9),
-        note=f"{model}, per-device batch {batch}", samples=tuple(two.run_throughputs()),
-        details={"one_rank": one.details(), "two_ranks": two.details(),
-                 "one_rank_samples_per_sec": one.run_throughputs()})]
+    rows = [
+        Measurement(
+            item=2,
+            metric="scaling: 2 ranks x 1 thread, samples/s",
+            unit="samples/s",
+            value=two.throughput(),
+            reference=None if single is None else 2 * single,
+            reference_name="2 x 1 rank x 1 thread",
+            target=Target("ratio", ">=", 0.9),
+            note=f"{model}, per-device batch {batch}",
+            samples=tuple(two.run_throughputs()),
+            details={
+                "one_rank": one.details(),
+                "two_ranks": two.details(),
+                "one_rank_samples_per_sec": one.run_throughputs(),
+            },
+        )
+    ]
     if capacity:
-        rows.append(Measurement(
-            item=2, metric="scaling diagnostic: 2 ranks vs 2 independent 1-rank jobs",
-            unit="samples/s", value=two.throughput(), reference=pair.throughput(),
-            reference_name="2 jobs x 1 rank, summed",
-            note="the machine's capacity now; ratio = what the ranks lose to each other",
-            samples=tuple(pair.run_throughputs()), details={"pair": pair.details()}))
+        rows.append(
+            Measurement(
+                item=2,
+                metric="scaling diagnostic: 2 ranks vs 2 independent 1-rank jobs",
+                unit="samples/s",
+                value=two.throughput(),
+                reference=pair.throughput(),
+                reference_name="2 jobs x 1 rank, summed",
+                note="the machine's capacity now; ratio = what the ranks lose to each other",
+                samples=tuple(pair.run_throughputs()),
+                details={"pair": pair.details()},
+            )
+        )
     return rows, one, two
 
 
@@ -125,36 +168,71 @@ def kernel_ceiling(sizes: Sizes, workdir: Path) -> Measurement:
     k = sizes.accumulation_steps
     micro, out = sizes.per_device_batch // k, workdir / "kernels.json"
     workdir.mkdir(parents=True, exist_ok=True)
-    run([PYTHON, "-m", "bench.kernels", str(out), str(micro), str(k),
-         str(sizes.features), sizes.hidden_units, str(CLASSES)], timeout=300,
-        what="matrix products", env={**CPU_RANK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    run(
+        [
+            PYTHON,
+            "-m",
+            "bench.kernels",
+            str(out),
+            str(micro),
+            str(k),
+            str(sizes.features),
+            sizes.hidden_units,
+            str(CLASSES),
+        ],
+        timeout=300,
+        what="matrix products",
+        env={**CPU_RANK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     raw = json.loads(out.read_text())
     whole = sizes.per_device_batch
     return Measurement(
-        item=3, metric=f"accumulation ceiling: matrix products {k} x {micro} vs 1 x {whole}",
-        unit="samples/s", value=whole / (k * raw["micro_seconds"]),
-        reference=whole / raw["whole_seconds"], reference_name=f"the same at batch {whole}",
+        item=3,
+        metric=f"accumulation ceiling: matrix products {k} x {micro} vs 1 x {whole}",
+        unit="samples/s",
+        value=whole / (k * raw["micro_seconds"]),
+        reference=whole / raw["whole_seconds"],
+        reference_name=f"the same at batch {whole}",
         note="the model's Dense-layer products alone, one thread; ratio = the best item 3 "
-             "can reach", details=raw)
+        "can reach",
+        details=raw,
+    )
 
 
-def accumulation(sizes: Sizes, workdir: Path,
-                 extra_mpi_options: str = "") -> tuple[list[Measurement], Configuration]:
+def accumulation(
+    sizes: Sizes, workdir: Path, extra_mpi_options: str = ""
+) -> tuple[list[Measurement], Configuration]:
     k, big = sizes.accumulation_steps, sizes.per_device_batch
     options = f"{ONE_THREAD} {extra_mpi_options}".strip()
     if big % k:
         raise ValueError(f"per_device_batch {big} must be a multiple of accumulation_steps {k}")
     micro = big // k
-    accumulated = Configuration(f"accumulate{k}", hyperparameters(
-        sizes, ranks=1, per_device_batch=big, max_device_batch=micro, mpi_options=options))
-    whole = Configuration("batch1", hyperparameters(
-        sizes, ranks=1, per_device_batch=big, max_device_batch=big, mpi_options=options))
+    accumulated = Configuration(
+        f"accumulate{k}",
+        hyperparameters(
+            sizes, ranks=1, per_device_batch=big, max_device_batch=micro, mpi_options=options
+        ),
+    )
+    whole = Configuration(
+        "batch1",
+        hyperparameters(
+            sizes, ranks=1, per_device_batch=big, max_device_batch=big, mpi_options=options
+        ),
+    )
     run_interleaved([accumulated, whole], sizes, workdir)
     measurement = Measurement(
-        item=3, metric=f"accumulation: {k} x {micro} vs 1 x {big}, samples/s",
-        unit="samples/s", value=accumulated.throughput(), reference=whole.throughput(),
-        reference_name=f"one batch of {big}", target=Target("ratio", ">=", 0.9),
+        item=3,
+        metric=f"accumulation: {k} x {micro} vs 1 x {big}, samples/s",
+        unit="samples/s",
+        value=accumulated.throughput(),
+        reference=whole.throughput(),
+        reference_name=f"one batch of {big}",
+        target=Target("ratio", ">=", 0.9),
         samples=tuple(accumulated.run_throughputs()),
-        details={"accumulated": accumulated.details(), "whole_batch": whole.details(),
-                 "whole_batch_samples_per_sec": whole.run_throughputs()})
+        details={
+            "accumulated": accumulated.details(),
+            "whole_batch": whole.details(),
+            "whole_batch_samples_per_sec": whole.run_throughputs(),
+        },
+    )
     return [measurement, kernel_ceiling(sizes, workdir)], whole

@@ -144,8 +144,11 @@ def _outcome(line: str) -> Outcome:
     except RecursionError:  # valid JSON nested past the parser's depth
         raise ValueError("an outcome nested too deeply") from None
     outcome = Outcome(None if kind == "ok" else FailureKind(kind), text, int(code))
-    if not isinstance(text, str) or not 0 <= outcome.exit_code <= 255 or \
-            (outcome.kind is None) != (outcome.exit_code == 0):
+    if (
+        not isinstance(text, str)
+        or not 0 <= outcome.exit_code <= 255
+        or (outcome.kind is None) != (outcome.exit_code == 0)
+    ):
         raise ValueError(f"not an outcome: {line[:200]!r}")
     return outcome
 
@@ -153,8 +156,16 @@ def _outcome(line: str) -> Outcome:
 class Leader:
     """The leader's side: hands out the key, collects readiness, broadcasts the outcome."""
 
-    def __init__(self, *, address: str, port: int, workers: list[str], public_key: str,
-                 heartbeat_timeout: float, data_hosts: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        *,
+        address: str,
+        port: int,
+        workers: list[str],
+        public_key: str,
+        heartbeat_timeout: float,
+        data_hosts: tuple[str, ...] = (),
+    ):
         self.data_hosts = set(data_hosts)
         self.workers = set(workers) | self.data_hosts
         self.abort = threading.Event()  # set when a data host ended the job: stop the ranks
@@ -174,9 +185,11 @@ class Leader:
         try:
             self.server = socket.create_server((address, port))
         except OSError as error:
-            raise PlatformError(f"the leader cannot listen on coordinator port {port} of "
-                                f"{address}: {error.strerror}; choose another "
-                                f"coordinator_port") from None
+            raise PlatformError(
+                f"the leader cannot listen on coordinator port {port} of "
+                f"{address}: {error.strerror}; choose another "
+                f"coordinator_port"
+            ) from None
         threading.Thread(target=self._accept, daemon=True, name="coordinator").start()
 
     def _accept(self) -> None:
@@ -196,8 +209,9 @@ class Leader:
                 sock.close()
                 continue
             try:
-                threading.Thread(target=self._serve, args=(_Connection(sock), peer_address),
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._serve, args=(_Connection(sock), peer_address), daemon=True
+                ).start()
             except Exception as error:  # no thread to be had: drop this one, keep listening
                 log(f"coordinator: cannot serve {peer_address} ({error}); still listening")
                 sock.close()
@@ -228,7 +242,7 @@ class Leader:
         finally:
             with self.condition:
                 self.pending -= 1
-        host = hello[len("HELLO "):].strip() if hello.startswith("HELLO ") else ""
+        host = hello[len("HELLO ") :].strip() if hello.startswith("HELLO ") else ""
         refusal = self._refusal(host, hello, peer_address)
         if refusal:
             log(f"coordinator: refused a connection from {peer_address}: {refusal}")
@@ -244,11 +258,15 @@ class Leader:
         peer.send(f"KEY {self.public_key}")
         peer.ping_until_closed()
         try:
-            answer = self._next_line(peer, started + HANDSHAKE_TIMEOUT) or \
-                "FAIL it closed the connection before reporting ready"
+            answer = (
+                self._next_line(peer, started + HANDSHAKE_TIMEOUT)
+                or "FAIL it closed the connection before reporting ready"
+            )
         except TimeoutError:
-            answer = (f"FAIL it went silent for {self.heartbeat_timeout:g} s or did not report "
-                      f"ready within {HANDSHAKE_TIMEOUT:g} s")
+            answer = (
+                f"FAIL it went silent for {self.heartbeat_timeout:g} s or did not report "
+                f"ready within {HANDSHAKE_TIMEOUT:g} s"
+            )
         except (OSError, ProtocolError) as error:  # its failure, not a wait until host_timeout
             answer = f"FAIL it broke the protocol or the connection: {error}"
         verb, _, rest = answer.partition(" ")
@@ -342,14 +360,18 @@ class Leader:
                 missing = sorted(self.workers - set(self.host_keys))
                 if not missing:
                     self.running = True
-                    return {host: key for host, key in self.host_keys.items()
-                            if host not in self.data_hosts}
+                    return {
+                        host: key
+                        for host, key in self.host_keys.items()
+                        if host not in self.data_hosts
+                    }
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PlatformError(
                         f"these workers never reported ready within {timeout:g} s: "
                         f"{', '.join(missing)} (is the container running there, and can it "
-                        f"reach this leader?)")
+                        f"reach this leader?)"
+                    )
                 self.condition.wait(left)
 
     def root_cause(self, outcome: Outcome) -> Outcome:
@@ -361,14 +383,21 @@ class Leader:
             ended = next(iter(self.ended.items()), None)
         if outcome.kind is not None and ended is not None:
             host, how = ended
-            return Outcome(FailureKind.CLUSTER, f"data host {host}: {how.reason}; the training "
-                           "on every host was stopped", how.exit_code)
+            return Outcome(
+                FailureKind.CLUSTER,
+                f"data host {host}: {how.reason}; the training on every host was stopped",
+                how.exit_code,
+            )
         if outcome.kind is None or lost is None:
             return outcome
         host, why = lost
-        return Outcome.failed(FailureKind.CLUSTER, (
-            f"lost contact with host {host}: {why} (host killed, out of memory or network "
-            f"down); the job on every host was stopped"))
+        return Outcome.failed(
+            FailureKind.CLUSTER,
+            (
+                f"lost contact with host {host}: {why} (host killed, out of memory or network "
+                f"down); the job on every host was stopped"
+            ),
+        )
 
     def finish(self, outcome: Outcome, timeout: float = 5.0) -> None:
         """Tell every connected worker the outcome and wait (briefly) until they have it."""
@@ -380,8 +409,9 @@ class Leader:
         deadline = time.monotonic() + timeout
         with self.condition:
             while time.monotonic() < deadline and any(
-                    host not in self.said_bye and not peer.closed.is_set()
-                    for host, peer in peers.items()):
+                host not in self.said_bye and not peer.closed.is_set()
+                for host, peer in peers.items()
+            ):
                 self.condition.wait(deadline - time.monotonic())
         for peer in peers.values():
             peer.close()
@@ -396,10 +426,17 @@ class Leader:
         self.server.close()
 
 
-def follow_leader(leader: str, port: int, host: str, *, address: str, leader_timeout: float,
-                  heartbeat_timeout: float, on_key: Callable[[str], str],
-                  on_ready: Callable[[Callable[[str], bool]], None] = lambda send: None
-                  ) -> Outcome:
+def follow_leader(
+    leader: str,
+    port: int,
+    host: str,
+    *,
+    address: str,
+    leader_timeout: float,
+    heartbeat_timeout: float,
+    on_key: Callable[[str], str],
+    on_ready: Callable[[Callable[[str], bool]], None] = lambda send: None,
+) -> Outcome:
     """The worker's side: the job's outcome as the leader reports it.
 
     `address` is this host's cluster address (the leader accepts this host only from it);
@@ -423,16 +460,25 @@ def follow_leader(leader: str, port: int, host: str, *, address: str, leader_tim
                 raise PlatformError(
                     f"the leader {leader} refused this host until leader_timeout "
                     f"({leader_timeout:g} s): does {host} resolve on the leader to this host's "
-                    f"address {address}?") from None
-            return line if isinstance(line, Outcome) else _serve_leader(
-                peer, line, leader, heartbeat_timeout, on_key, on_ready)
+                    f"address {address}?"
+                ) from None
+            return (
+                line
+                if isinstance(line, Outcome)
+                else _serve_leader(peer, line, leader, heartbeat_timeout, on_key, on_ready)
+            )
         finally:
             peer.close()
 
 
-def _serve_leader(peer: _Connection, key_line: str, leader: str, heartbeat_timeout: float,
-                  on_key: Callable[[str], str],
-                  on_ready: Callable[[Callable[[str], bool]], None]) -> Outcome:
+def _serve_leader(
+    peer: _Connection,
+    key_line: str,
+    leader: str,
+    heartbeat_timeout: float,
+    on_key: Callable[[str], str],
+    on_ready: Callable[[Callable[[str], bool]], None],
+) -> Outcome:
     try:
         host_key = on_key(key_line.partition(" ")[2])
     except TrainError as error:
@@ -443,29 +489,31 @@ def _serve_leader(peer: _Connection, key_line: str, leader: str, heartbeat_timeo
     try:
         outcome = _expect(peer, leader, heartbeat_timeout)
     except _Closed:
-        raise PlatformError(f"lost contact with the leader {leader}: it closed the "
-                            f"connection before reporting the job's outcome") from None
+        raise PlatformError(
+            f"lost contact with the leader {leader}: it closed the "
+            f"connection before reporting the job's outcome"
+        ) from None
     if not isinstance(outcome, Outcome):
         raise PlatformError(f"the leader {leader} sent {outcome[:80]!r} instead of the outcome")
     peer.send("BYE")
     return outcome
 
 
-def _connect(leader: str, port: int, address: str, deadline: float,
-             timeout: float) -> socket.socket:
+def _connect(
+    leader: str, port: int, address: str, deadline: float, timeout: float
+) -> socket.socket:
     """A connection to the leader from this host's address, retried until `deadline`."""
     delay = 0.1
     while True:
         try:
-            return socket.create_connection((leader, port), timeout=5,
-                                            source_address=(address, 0))
+            return socket.create_connection((leader, port), timeout=5, source_address=(address, 0))
         except OSError as error:
             if time.monotonic() + delay >= deadline:
                 raise PlatformError(
                     f"the leader {leader} never answered on port {port} within {timeout:g} s "
                     f"({error.strerror or error}): it has not started, or it has already "
-                    f"ended (a leader waits host_timeout for its workers, then fails)") \
-                    from None
+                    f"ended (a leader waits host_timeout for its workers, then fails)"
+                ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -480,8 +528,9 @@ def _expect(peer: _Connection, leader: str, timeout: float) -> str | Outcome:
         while (line := peer.read(time.monotonic() + timeout)) == "PING":
             pass
     except TimeoutError:
-        raise PlatformError(f"lost contact with the leader {leader}: silent for "
-                            f"{timeout:g} s") from None
+        raise PlatformError(
+            f"lost contact with the leader {leader}: silent for {timeout:g} s"
+        ) from None
     except ConnectionResetError:
         raise _Closed() from None
     except (OSError, ProtocolError) as error:
@@ -493,5 +542,6 @@ def _expect(peer: _Connection, leader: str, timeout: float) -> str | Outcome:
     try:
         return _outcome(line)
     except ValueError:
-        raise PlatformError(f"the leader {leader} sent a malformed outcome: {line[:200]!r}") \
-            from None
+        raise PlatformError(
+            f"the leader {leader} sent a malformed outcome: {line[:200]!r}"
+        ) from None

@@ -51,11 +51,15 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     def follow() -> None:
         try:
             link["outcome"] = follow_leader(
-                cluster.leader, launch.coordinator_port, cluster.current_host,
+                cluster.leader,
+                launch.coordinator_port,
+                cluster.current_host,
                 address=network.address_of(cluster.current_host),
                 leader_timeout=launch.leader_timeout,
-                heartbeat_timeout=launch.heartbeat_timeout, on_key=lambda _key: "-",
-                on_ready=joined)
+                heartbeat_timeout=launch.heartbeat_timeout,
+                on_key=lambda _key: "-",
+                on_ready=joined,
+            )
         except TrainError as error:
             link["error"] = error
         finally:
@@ -67,10 +71,14 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     if not ended.is_set():
         what = "the script" if plan.job.program else "the tf.data service"
         print(f"launcher: data host {cluster.current_host} runs {what} on its own", flush=True)
-        outcome = run_supervised(list(plan.data_command), grace=launch.stop_grace,
-                                 host_of_rank=lambda _: cluster.current_host,
-                                 env={**os.environ, **plan.data_env}, abort=ended,
-                                 forward_stop=False)
+        outcome = run_supervised(
+            list(plan.data_command),
+            grace=launch.stop_grace,
+            host_of_rank=lambda _: cluster.current_host,
+            env={**os.environ, **plan.data_env},
+            abort=ended,
+            forward_stop=False,
+        )
         # A stop reaches every host: the leader stops the ranks itself, with a checkpoint.
         if outcome.exit_code and outcome.kind != FailureKind.STOPPED and not ended.is_set():
             link["send"](ended_line(outcome))
@@ -78,6 +86,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     if "error" in link:
         raise link["error"]
     outcome = link["outcome"]
-    print(f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}",
-          flush=True)
+    print(
+        f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}", flush=True
+    )
     return relayed(outcome, cluster.current_host, cluster.leader)

@@ -29,8 +29,10 @@ from job.paths import MlPaths
 
 WARNING_FILE = "WARNING-empty-model.txt"
 # Keras' .keras, .h5 and .weights.h5 files, a SavedModel, tf.train.Checkpoint's files.
-MODEL_LIKE = re.compile(r"\.(keras|h5|hdf5|ckpt|index)$|\.data-\d+-of-\d+$|^saved_model\.pb$|"
-                        r"^checkpoint$")
+MODEL_LIKE = re.compile(
+    r"\.(keras|h5|hdf5|ckpt|index)$|\.data-\d+-of-\d+$|^saved_model\.pb$|"
+    r"^checkpoint$"
+)
 SCAN_LIMIT = 5000  # entries of the code folder looked at
 SHOWN = 4  # names of model-like files in the warning
 
@@ -55,15 +57,19 @@ def model_like_files(code_dir: Path, since: float) -> list[str]:
 def warning_text(model_dir: Path, code_dir: Path, left: list[str]) -> str:
     """What to tell a user whose job saved no model: the symptom, the fix, and the files
     that look like the model it meant to save."""
-    text = (f"the job completed but saved no model: {model_dir} is empty, so the job's "
-            'model.tar.gz is empty. Save the model into os.environ["SM_MODEL_DIR"] '
-            f'({model_dir}), e.g. model.save(os.path.join(os.environ["SM_MODEL_DIR"], '
-            '"model"))')
+    text = (
+        f"the job completed but saved no model: {model_dir} is empty, so the job's "
+        'model.tar.gz is empty. Save the model into os.environ["SM_MODEL_DIR"] '
+        f'({model_dir}), e.g. model.save(os.path.join(os.environ["SM_MODEL_DIR"], '
+        '"model"))'
+    )
     if not left:
         return text + "."
     more = f" and {len(left) - SHOWN} more" if len(left) > SHOWN else ""
-    return (f"{text}. The script left these in its working folder {code_dir}: "
-            f"{', '.join(left[:SHOWN])}{more}.")
+    return (
+        f"{text}. The script left these in its working folder {code_dir}: "
+        f"{', '.join(left[:SHOWN])}{more}."
+    )
 
 
 def warn_if_empty(paths: MlPaths, since: float) -> None:
@@ -72,10 +78,14 @@ def warn_if_empty(paths: MlPaths, since: float) -> None:
     try:
         if not is_empty(paths.model_dir):
             return
-        text = warning_text(paths.model_dir, paths.code_dir,
-                            model_like_files(paths.code_dir, since))
+        text = warning_text(
+            paths.model_dir, paths.code_dir, model_like_files(paths.code_dir, since)
+        )
     except OSError as error:
-        print(f"launcher: cannot check the model folder {paths.model_dir}: "
-              f"{error.strerror or error}", file=sys.stderr, flush=True)
+        print(
+            f"launcher: cannot check the model folder {paths.model_dir}: {error.strerror or error}",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     notices.warn(paths, WARNING_FILE, text, "launcher")

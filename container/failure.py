@@ -47,19 +47,25 @@ FAILURE_LIMIT = 1024
 
 _FRAME = re.compile(r"^-{20,}$")  # OpenMPI frames each help message with these
 TAG = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:(?P<text>.*)$")
-_ABORT = re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
-                    r"with errorcode (?P<code>-?\d+)")
+_ABORT = re.compile(
+    r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
+    r"with errorcode (?P<code>-?\d+)"
+)
 _EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s+Exit code:\s+(?P<code>-?\d+)")
-_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on "
-                     r"signal (?P<signal>\d+)(?: \((?P<name>[^)]*)\))?")
+_SIGNAL = re.compile(
+    r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on "
+    r"signal (?P<signal>\d+)(?: \((?P<name>[^)]*)\))?"
+)
 _LOST = re.compile(r"Remote daemon: \[\[\d+,\d+\],\d+\] on node (?P<host>\S+)")
 # TensorFlow's coordination service (MultiWorkerMirroredStrategy) lists a frozen or vanished
 # worker after this phrase, on the same line or the next, by its task index, which is its rank
 # (job.rank_job.RankJob.worker_environment).
 _TF_HEARTBEATS = "stopped sending heartbeats"
 _TF_TASK = re.compile(r"/job:worker/replica:\d+/task:(?P<task>\d+)")
-_SSH = re.compile(r"ssh: (?:connect to host (?P<host>\S+)|Could not resolve hostname "
-                  r"(?P<unresolved>[^:\s]+))[^\n]*")
+_SSH = re.compile(
+    r"ssh: (?:connect to host (?P<host>\S+)|Could not resolve hostname "
+    r"(?P<unresolved>[^:\s]+))[^\n]*"
+)
 
 
 @dataclass(frozen=True)
@@ -114,8 +120,13 @@ class OutputLog:
 def _is_error_line(text: str) -> bool:
     """A line worth quoting: an exception or error message, not a progress bar or warning."""
     stripped = text.strip()
-    return bool(re.match(r"^[A-Za-z_.]*(Error|Exception|Exit|Interrupt)\b.*:|^Error\b|"
-                         r"^[A-Za-z_.]*Error$", stripped))
+    return bool(
+        re.match(
+            r"^[A-Za-z_.]*(Error|Exception|Exit|Interrupt)\b.*:|^Error\b|"
+            r"^[A-Za-z_.]*Error$",
+            stripped,
+        )
+    )
 
 
 def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]) -> Outcome:
@@ -124,46 +135,71 @@ def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]
     if log.reports:
         report = log.reports[0]
         code = _code_of(text, report.rank) or exit_code
-        how = f"exit code {code}" if report.kind is FailureKind.RANK else \
-            f"{report.kind.value} error"
+        how = (
+            f"exit code {code}" if report.kind is FailureKind.RANK else f"{report.kind.value} error"
+        )
         reason = f"rank {report.rank} on host {report.host} failed ({how}): {report.error}"
         task = log.unhealthy_worker
         if task is not None:
-            reason = (f"TensorFlow worker {task} (rank {task} on host {host_of_rank(task)}) "
-                      f"stopped sending heartbeats: frozen, or its host is gone; {reason}")
+            reason = (
+                f"TensorFlow worker {task} (rank {task} on host {host_of_rank(task)}) "
+                f"stopped sending heartbeats: frozen, or its host is gone; {reason}"
+            )
         return Outcome.failed(report.kind, reason, code)
     lost = _LOST.search(text)
     if lost:
-        return Outcome.failed(FailureKind.CLUSTER, (
-            f"lost contact with host {lost['host']}: its MPI daemon vanished (host killed, out "
-            f"of memory or network down); the job on every host was stopped"))
+        return Outcome.failed(
+            FailureKind.CLUSTER,
+            (
+                f"lost contact with host {lost['host']}: its MPI daemon vanished (host killed, out "
+                f"of memory or network down); the job on every host was stopped"
+            ),
+        )
     signal = _SIGNAL.search(text)
     if signal:
         rank = int(signal["rank"])
         name = f" ({signal['name']})" if signal["name"] else ""
         hint = " - likely out of memory" if signal["signal"] == "9" else ""
-        return Outcome.failed(FailureKind.RANK, (
-            f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
-            f"{signal['signal']}{name}{hint}{_last_error(log, rank)}"), exit_code)
+        return Outcome.failed(
+            FailureKind.RANK,
+            (
+                f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
+                f"{signal['signal']}{name}{hint}{_last_error(log, rank)}"
+            ),
+            exit_code,
+        )
     for pattern in (_ABORT, _EXITED):
         found = pattern.search(text)
         if found:
             rank = int(found["rank"])
-            return Outcome.failed(FailureKind.RANK, (
-                f"rank {rank} on host {host_of_rank(rank)} exited with code "
-                f"{found['code']}{_last_error(log, rank)}"), exit_code)
+            return Outcome.failed(
+                FailureKind.RANK,
+                (
+                    f"rank {rank} on host {host_of_rank(rank)} exited with code "
+                    f"{found['code']}{_last_error(log, rank)}"
+                ),
+                exit_code,
+            )
     ssh = _SSH.search(text)
     if ssh:
         host = ssh["host"] or ssh["unresolved"]
-        return Outcome.failed(FailureKind.CLUSTER, f"mpirun could not start ranks on host "
-                              f"{host} over ssh: {ssh.group(0).strip()}")
+        return Outcome.failed(
+            FailureKind.CLUSTER,
+            f"mpirun could not start ranks on host {host} over ssh: {ssh.group(0).strip()}",
+        )
     message = openmpi_message(log.untagged)
     if message:
-        return Outcome.failed(FailureKind.RANK, f"mpirun exited with code {exit_code}: "
-                              f"OpenMPI says: {message}", exit_code)
+        return Outcome.failed(
+            FailureKind.RANK,
+            f"mpirun exited with code {exit_code}: OpenMPI says: {message}",
+            exit_code,
+        )
     last = next((line for line in reversed(log.tail) if line.strip()), "no output")
-    return Outcome.failed(FailureKind.RANK, f"mpirun exited with code {exit_code}; last "
-                          f"output: {last.strip()}", exit_code)
+    return Outcome.failed(
+        FailureKind.RANK,
+        f"mpirun exited with code {exit_code}; last output: {last.strip()}",
+        exit_code,
+    )
 
 
 def openmpi_message(lines: Iterable[str]) -> str | None:
@@ -205,8 +241,7 @@ def restart_point(checkpoint_dir: Path) -> str:
     if isinstance(state.get("step"), int):  # train.resumable's; the trainer counts samples
         where.append(f"step {state['step']}")
     try:
-        where.append(f"saved {max(0.0, time.time() - (folder / STATE).stat().st_mtime):.0f} s "
-                     "ago")
+        where.append(f"saved {max(0.0, time.time() - (folder / STATE).stat().st_mtime):.0f} s ago")
     except OSError:  # pruned or synced away since: the folder is still the one picked
         pass
     return f"a restarted job resumes from {folder} ({', '.join(where)})"
@@ -217,8 +252,7 @@ def relayed(outcome: Outcome, host: str, leader: str) -> Outcome:
     any host's failure file, then which host relayed it."""
     if outcome.kind is None:
         return outcome
-    return replace(
-        outcome, reason=f"{outcome.reason} (reported to {host} by the leader {leader})")
+    return replace(outcome, reason=f"{outcome.reason} (reported to {host} by the leader {leader})")
 
 
 def write_failure(paths: MlPaths, message: str) -> None:
@@ -235,6 +269,9 @@ def write_failure(paths: MlPaths, message: str) -> None:
         temporary.write_text(text, encoding="utf-8")
         temporary.replace(paths.failure_file)
     except OSError as error:
-        print(f"launcher: cannot write the failure file {paths.failure_file} "
-              f"({error.strerror or error}); the reason was: {message}", file=sys.stderr,
-              flush=True)
+        print(
+            f"launcher: cannot write the failure file {paths.failure_file} "
+            f"({error.strerror or error}); the reason was: {message}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -40,28 +40,42 @@ FAILURE_TAG_LIMIT = 5000  # characters of the failure reason kept in a tag
 
 def run_tags(plan: LaunchPlan, environ: Mapping[str, str], stack: str) -> dict[str, str]:
     cluster = plan.cluster
-    return {"sagemaker.training_job_name": environ.get("TRAINING_JOB_NAME", ""),
-            "sagemaker.hosts": ",".join(cluster.hosts),
-            "sagemaker.instance_type": cluster.instance_type,
-            "image": IMAGES[stack],
-            "mlflow.source.name": plan.job.program or "built-in trainer"}
+    return {
+        "sagemaker.training_job_name": environ.get("TRAINING_JOB_NAME", ""),
+        "sagemaker.hosts": ",".join(cluster.hosts),
+        "sagemaker.instance_type": cluster.instance_type,
+        "image": IMAGES[stack],
+        "mlflow.source.name": plan.job.program or "built-in trainer",
+    }
 
 
 def run_params(hyperparameters: Mapping[str, Any], plan: LaunchPlan) -> dict[str, Any]:
     """The hyperparameters as the job gave them, and what the launcher derived from them."""
-    params = {**hyperparameters, "world_size": plan.cluster.world_size,
-              "processes_per_host": plan.cluster.processes_per_host}
+    params = {
+        **hyperparameters,
+        "world_size": plan.cluster.world_size,
+        "processes_per_host": plan.cluster.processes_per_host,
+    }
     if plan.batches:
         batches = plan.batches
-        params.update({"global_batch": batches.global_batch,
-                       "per_device_batch": batches.per_device_batch,
-                       "accumulation_steps": batches.accumulation_steps,
-                       "scaled_learning_rate": batches.learning_rate})
+        params.update(
+            {
+                "global_batch": batches.global_batch,
+                "per_device_batch": batches.per_device_batch,
+                "accumulation_steps": batches.accumulation_steps,
+                "scaled_learning_rate": batches.learning_rate,
+            }
+        )
     return params
 
 
-def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping[str, str],
-          stack: str, paths: MlPaths) -> tuple[RunLogger | None, dict[str, str], dict[str, str]]:
+def begin(
+    plan: LaunchPlan,
+    hyperparameters: Mapping[str, Any],
+    environ: Mapping[str, str],
+    stack: str,
+    paths: MlPaths,
+) -> tuple[RunLogger | None, dict[str, str], dict[str, str]]:
     """On the leader, when the job names a tracking server: the job's run, started, with its
     parameters and tags; the variables that tell every rank about it; and the token read from
     Secrets Manager with the job's role, for the ranks' environment, never their command
@@ -72,6 +86,7 @@ def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping
 
     def warn(text: str) -> None:
         notices.warn(paths, WARNING_FILE, text, "launcher", append=True)
+
     try:
         secret = {}
         if tracking.token_secret:
@@ -81,14 +96,20 @@ def begin(plan: LaunchPlan, hyperparameters: Mapping[str, Any], environ: Mapping
             warn(tracking.plain_http_warning())
         experiment = experiment_id(tracking, environ)
         run_id = environ.get("MLFLOW_RUN_ID") or start_run(
-            tracking, experiment, environ.get("MLFLOW_RUN_NAME") or
-            environ.get("TRAINING_JOB_NAME", ""))
+            tracking,
+            experiment,
+            environ.get("MLFLOW_RUN_NAME") or environ.get("TRAINING_JOB_NAME", ""),
+        )
     except Exception as error:  # any failure of tracking, expected or not: a warning
-        warn(f"MLflow: {failure_text(error)}; this job is not tracked (its metrics are in "
-             "the log and in output/data)")
+        warn(
+            f"MLflow: {failure_text(error)}; this job is not tracked (its metrics are in "
+            "the log and in output/data)"
+        )
         return None, {}, {}
-    print(f"launcher: MLflow run {run_id} in experiment {experiment} at {tracking.endpoint}",
-          flush=True)
+    print(
+        f"launcher: MLflow run {run_id} in experiment {experiment} at {tracking.endpoint}",
+        flush=True,
+    )
     run = RunLogger(tracking, run_id, warn)
     run.log(params=run_params(hyperparameters, plan), tags=run_tags(plan, environ, stack))
     return run, {"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment}, secret
@@ -100,8 +121,17 @@ def end(run: RunLogger | None, outcome: Outcome, seconds: float = FLUSH_SECONDS)
     if run is None:
         return
     if outcome.exit_code:
-        run.log(tags={"exit_code": outcome.exit_code,
-                      "failure_reason": outcome.reason[:FAILURE_TAG_LIMIT]})
-    run.end("FINISHED" if outcome.exit_code == 0 else
-            "KILLED" if outcome.kind == FailureKind.STOPPED else "FAILED")
+        run.log(
+            tags={
+                "exit_code": outcome.exit_code,
+                "failure_reason": outcome.reason[:FAILURE_TAG_LIMIT],
+            }
+        )
+    run.end(
+        "FINISHED"
+        if outcome.exit_code == 0
+        else "KILLED"
+        if outcome.kind == FailureKind.STOPPED
+        else "FAILED"
+    )
     run.close(seconds)

@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from job.errors import ConfigError
 
 # Instance families with Elastic Fabric Adapter: libfabric must be told to use it.
-EFA_FAMILIES = ("ml.p4d.", "ml.p4de.", "ml.p5.", "ml.p5e.", "ml.p5en.", "ml.trn1.",
-                "ml.trn1n.", "ml.trn2.")
+EFA_FAMILIES = (
+    "ml.p4d.",
+    "ml.p4de.",
+    "ml.p5.",
+    "ml.p5e.",
+    "ml.p5en.",
+    "ml.trn1.",
+    "ml.trn1n.",
+    "ml.trn2.",
+)
 EFA_INSTANCES = ("ml.g5.48xlarge", "ml.g6.48xlarge", "ml.p3dn.24xlarge")
 # GPUDirect RDMA over EFA is available (and must be switched on) only on these.
 EFA_RDMA_FAMILIES = ("ml.p4d.", "ml.p4de.")
@@ -57,27 +65,29 @@ def parse_options(text: str) -> list[Option]:
     try:
         tokens = shlex.split(text)
     except ValueError as error:
-        raise ConfigError(f"hyperparameter mpi_options={text!r} cannot be parsed: {error}") \
-            from None
+        raise ConfigError(
+            f"hyperparameter mpi_options={text!r} cannot be parsed: {error}"
+        ) from None
     options, index = [], 0
     while index < len(tokens):
         token = tokens[index]
         if not token.startswith("-"):
             raise ConfigError(
                 f"hyperparameter mpi_options: {token!r} is not an mpirun option (options "
-                f"start with '-', e.g. \"-x NCCL_DEBUG=INFO -mca btl_tcp_if_include eth0\")")
+                f"start with '-', e.g. \"-x NCCL_DEBUG=INFO -mca btl_tcp_if_include eth0\")"
+            )
         arity = _ARITY.get(token.lstrip("-"))
         if arity is None:
-            arity = 1 if index + 1 < len(tokens) and not tokens[index + 1].startswith("-") \
-                else 0
-        values = tokens[index + 1:index + 1 + arity]
+            arity = 1 if index + 1 < len(tokens) and not tokens[index + 1].startswith("-") else 0
+        values = tokens[index + 1 : index + 1 + arity]
         if len(values) < arity:
             raise ConfigError(f"hyperparameter mpi_options: {token} needs {arity} value(s)")
         if token.lstrip("-") == "mca" and values[0] in RESERVED_MCA:
             raise ConfigError(
                 f"hyperparameter mpi_options: -mca {values[0]} is set by the launcher (its ssh "
                 f"uses the job's own key and checks host keys strictly); remove it from "
-                f"mpi_options")
+                f"mpi_options"
+            )
         options.append(Option((token, *values)))
         index += 1 + arity
     return options
@@ -90,23 +100,37 @@ def merge_options(defaults: list[Option], overrides: list[Option]) -> list[Optio
     return merged + [option for option in overrides if option.key in by_key]
 
 
-def default_options(*, hosts: tuple[str, ...], processes_per_host: int, interface: str,
-                    instance_type: str, rank_env: dict[str, str],
-                    ssh_args: str | None, forwarded: tuple[str, ...] = ()) -> list[Option]:
+def default_options(
+    *,
+    hosts: tuple[str, ...],
+    processes_per_host: int,
+    interface: str,
+    instance_type: str,
+    rank_env: dict[str, str],
+    ssh_args: str | None,
+    forwarded: tuple[str, ...] = (),
+) -> list[Option]:
     """The launcher's defaults for one job. `ssh_args` is None on a single host (no ssh);
     `forwarded` names variables every rank gets with mpirun's own value (`-x NAME`), unless
     an option here already sets them."""
     world_size = len(hosts) * processes_per_host
     multi_host = ssh_args is not None
-    host_list = ",".join(f"{host}:{processes_per_host}" for host in hosts) if multi_host \
+    host_list = (
+        ",".join(f"{host}:{processes_per_host}" for host in hosts)
+        if multi_host
         else f"localhost:{processes_per_host}"
+    )
     # Long options with two dashes: Open MPI 4 takes both spellings, Open MPI 5's prterun
     # reads `-bind-to` as the program to run.
     options = [
-        Option(("--allow-run-as-root",)), Option(("--tag-output",)),
-        Option(("-np", str(world_size))), Option(("-H", host_list)),
-        Option(("--bind-to", "none")), Option(("--map-by", "slot")),
-        Option(("-mca", "pml", "ob1")), Option(("-mca", "btl", "^openib")),
+        Option(("--allow-run-as-root",)),
+        Option(("--tag-output",)),
+        Option(("-np", str(world_size))),
+        Option(("-H", host_list)),
+        Option(("--bind-to", "none")),
+        Option(("--map-by", "slot")),
+        Option(("-mca", "pml", "ob1")),
+        Option(("-mca", "btl", "^openib")),
         Option(("-mca", "orte_abort_on_non_zero_status", "1")),
         Option(("-mca", "btl_vader_single_copy_mechanism", "none")),
     ]
@@ -125,8 +149,11 @@ def default_options(*, hosts: tuple[str, ...], processes_per_host: int, interfac
     explicit = [Option(("-x", f"{name}={value}")) for name, value in rank_env.items()]
     if multi_host:  # local ranks inherit mpirun's environment anyway
         taken = {option.key for option in options + explicit}
-        options += [option for option in (Option(("-x", name)) for name in forwarded)
-                    if option.key not in taken]
+        options += [
+            option
+            for option in (Option(("-x", name)) for name in forwarded)
+            if option.key not in taken
+        ]
     return options + explicit
 
 
@@ -134,12 +161,16 @@ def build_argv(options: list[Option], rank_command: list[str]) -> list[str]:
     return ["mpirun", *(token for option in options for token in option.tokens), *rank_command]
 
 
-def with_environment(argv: tuple[str, ...], env: Mapping[str, str],
-                     forwarded: tuple[str, ...] = ()) -> tuple[str, ...]:
+def with_environment(
+    argv: tuple[str, ...], env: Mapping[str, str], forwarded: tuple[str, ...] = ()
+) -> tuple[str, ...]:
     """`argv` with every rank given `env` too, and mpirun's own value of each `forwarded`
     name (a secret, which the command line must not hold): values known only once the job
     has started (its MLflow run, a token read from Secrets Manager), not when its plan was
     made."""
-    return (argv[0], *(token for name, value in env.items() for token in
-                       ("-x", f"{name}={value}")),
-            *(token for name in forwarded for token in ("-x", name)), *argv[1:])
+    return (
+        argv[0],
+        *(token for name, value in env.items() for token in ("-x", f"{name}={value}")),
+        *(token for name in forwarded for token in ("-x", name)),
+        *argv[1:],
+    )

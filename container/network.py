@@ -23,8 +23,13 @@ from collections.abc import Callable, Iterable, Mapping
 from job.errors import PlatformError
 
 
-def poll_until(check: Callable[[str], bool], items: Iterable[str], timeout: float,
-               what: str, name: Callable[[str], str] = str) -> None:
+def poll_until(
+    check: Callable[[str], bool],
+    items: Iterable[str],
+    timeout: float,
+    what: str,
+    name: Callable[[str], str] = str,
+) -> None:
     """Call `check(item)` for every item until all pass; PlatformError naming the rest."""
     pending = list(items)
     deadline = time.monotonic() + timeout
@@ -65,8 +70,13 @@ def ssh_banner(host: str, port: int, timeout: float = 2.0) -> bool:
 
 
 def wait_resolvable(hosts: Iterable[str], leader: str, timeout: float) -> None:
-    poll_until(resolves, hosts, timeout, "these host names did not resolve",
-               lambda host: f"{host} (the leader)" if host == leader else host)
+    poll_until(
+        resolves,
+        hosts,
+        timeout,
+        "these host names did not resolve",
+        lambda host: f"{host} (the leader)" if host == leader else host,
+    )
 
 
 def free_port() -> int:
@@ -89,12 +99,17 @@ def free_ports(count: int) -> list[int]:
 
 
 def wait_sshd(hosts: Iterable[str], port: int, timeout: float) -> None:
-    poll_until(lambda host: ssh_banner(host, port), hosts, timeout,
-               f"sshd did not answer on port {port} of these hosts")
+    poll_until(
+        lambda host: ssh_banner(host, port),
+        hosts,
+        timeout,
+        f"sshd did not answer on port {port} of these hosts",
+    )
 
 
-def interface_for(named: str, address: str,
-                  interfaces: Mapping[str, ipaddress.IPv4Interface]) -> str | None:
+def interface_for(
+    named: str, address: str, interfaces: Mapping[str, ipaddress.IPv4Interface]
+) -> str | None:
     """`named` when this host has it; else the interface whose address is `address`, else
     the one whose network holds it (127.0.0.2 is on lo's 127.0.0.0/8); None when none does."""
     if named in interfaces:
@@ -120,5 +135,6 @@ def local_interfaces() -> dict[str, ipaddress.IPv4Interface]:
             except OSError:  # no IPv4 address on this one
                 continue
             found[name] = ipaddress.IPv4Interface(
-                f"{socket.inet_ntoa(address)}/{socket.inet_ntoa(netmask)}")
+                f"{socket.inet_ntoa(address)}/{socket.inet_ntoa(netmask)}"
+            )
     return found

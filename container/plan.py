@@ -50,8 +50,11 @@ STALL_ENV = {STALL_CHECK: STALL_CHECK_SECONDS, "HOROVOD_STALL_SHUTDOWN_TIME_SECO
 #   2.3-3.8x slower: with oneDNN on, training is 1.25x faster and accumulating 4 micro-batches
 #   of 64 1.6x faster.
 # `-x NAME=VALUE` in mpi_options overrides any of them.
-CPU_RANK_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "5",
-                "TF_ENABLE_ONEDNN_OPTS": "1"}
+CPU_RANK_ENV = {
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "HOROVOD_CYCLE_TIME": "5",
+    "TF_ENABLE_ONEDNN_OPTS": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,9 @@ class ClusterPlan:
 
     def host_of_rank(self, rank: int) -> str:
         index = rank // self.processes_per_host
-        return self.hosts[index] if 0 <= index < len(self.hosts) else f"<unknown host of rank {rank}>"
+        return (
+            self.hosts[index] if 0 <= index < len(self.hosts) else f"<unknown host of rank {rank}>"
+        )
 
 
 @dataclass(frozen=True)
@@ -118,8 +123,11 @@ class LaunchPlan:
         if self.job.tf_workers:
             return None
         tokens = self.mpirun
-        values = dict(tokens[index + 1].partition("=")[::2] for index, token in
-                      enumerate(tokens[:-1]) if token == "-x" and "=" in tokens[index + 1])
+        values = dict(
+            tokens[index + 1].partition("=")[::2]
+            for index, token in enumerate(tokens[:-1])
+            if token == "-x" and "=" in tokens[index + 1]
+        )
         if values.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in ("0", ""):
             return None
         try:
@@ -131,26 +139,33 @@ class LaunchPlan:
     def as_json(self) -> dict[str, Any]:
         cluster = self.cluster
         plan: dict[str, Any] = {
-            "hosts": list(cluster.hosts), "data_hosts": list(cluster.data_hosts),
+            "hosts": list(cluster.hosts),
+            "data_hosts": list(cluster.data_hosts),
             "current_host": cluster.current_host,
-            "leader": cluster.leader, "is_leader": cluster.is_leader,
+            "leader": cluster.leader,
+            "is_leader": cluster.is_leader,
             "processes_per_host": cluster.processes_per_host,
-            "world_size": cluster.world_size, "network_interface": cluster.interface,
-            "instance_type": cluster.instance_type, "efa": mpirun.is_efa(cluster.instance_type),
+            "world_size": cluster.world_size,
+            "network_interface": cluster.interface,
+            "instance_type": cluster.instance_type,
+            "efa": mpirun.is_efa(cluster.instance_type),
             "mode": "script" if self.job.program else "builtin",
             "backend": "multi_worker_mirrored_strategy" if self.job.tf_workers else "horovod",
             "tf_workers": list(self.job.tf_workers),
-            "program": self.job.program or None, "script_args": list(self.script_args),
+            "program": self.job.program or None,
+            "script_args": list(self.script_args),
             "ignored_hyperparameters": list(self.ignored_hyperparameters),
             "mpirun": list(self.mpirun),
         }
         if self.batches:
-            plan.update(per_device_batch=self.batches.per_device_batch,
-                        micro_batch=self.batches.micro_batch,
-                        accumulation_steps=self.batches.accumulation_steps,
-                        global_batch=self.batches.global_batch,
-                        learning_rate=self.batches.learning_rate,
-                        batch_derivation=self.batches.derivation())
+            plan.update(
+                per_device_batch=self.batches.per_device_batch,
+                micro_batch=self.batches.micro_batch,
+                accumulation_steps=self.batches.accumulation_steps,
+                global_batch=self.batches.global_batch,
+                learning_rate=self.batches.learning_rate,
+                batch_derivation=self.batches.derivation(),
+            )
         return plan
 
 
@@ -168,25 +183,38 @@ def rank_command(python: str, module: str, *args: str) -> list[str]:
 
 # The two stacks one Dockerfile builds (its STACK build argument), by what they synchronise with.
 HOROVOD, TENSORFLOW = "horovod", "tf"
-IMAGES = {HOROVOD: "the Horovod image (TensorFlow 2.15, Keras 2; the default build)",
-          TENSORFLOW: "the TensorFlow 2.21 image (docker build --build-arg STACK=tf)"}
-BACKENDS = {HOROVOD: "Horovod (sagemaker_mpi_enabled, the SDK's distribution={'mpi': ...})",
-            TENSORFLOW: "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_strategy_"
-                        "enabled, distribution={'multi_worker_mirrored_strategy': ...})"}
+IMAGES = {
+    HOROVOD: "the Horovod image (TensorFlow 2.15, Keras 2; the default build)",
+    TENSORFLOW: "the TensorFlow 2.21 image (docker build --build-arg STACK=tf)",
+}
+BACKENDS = {
+    HOROVOD: "Horovod (sagemaker_mpi_enabled, the SDK's distribution={'mpi': ...})",
+    TENSORFLOW: "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_strategy_"
+    "enabled, distribution={'multi_worker_mirrored_strategy': ...})",
+}
 
 
 def choose_backend(launch: LaunchConfig, stack: str) -> str:
     """What the ranks synchronise with: what the job asks for, else the image's own stack;
     ConfigError naming the image to use when this image cannot serve the request."""
     if launch.mpi_enabled and launch.multi_worker_mirrored_strategy:
-        raise ConfigError("the job enables both Horovod (sagemaker_mpi_enabled) and "
-                          "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_"
-                          "strategy_enabled); set one distribution")
-    wanted = HOROVOD if launch.mpi_enabled else TENSORFLOW \
-        if launch.multi_worker_mirrored_strategy else stack
+        raise ConfigError(
+            "the job enables both Horovod (sagemaker_mpi_enabled) and "
+            "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_"
+            "strategy_enabled); set one distribution"
+        )
+    wanted = (
+        HOROVOD
+        if launch.mpi_enabled
+        else TENSORFLOW
+        if launch.multi_worker_mirrored_strategy
+        else stack
+    )
     if wanted != stack:
-        raise ConfigError(f"the job asks for {BACKENDS[wanted]}, which this image ("
-                          f"{IMAGES[stack]}) does not have; run it on {IMAGES[wanted]}")
+        raise ConfigError(
+            f"the job asks for {BACKENDS[wanted]}, which this image ("
+            f"{IMAGES[stack]}) does not have; run it on {IMAGES[wanted]}"
+        )
     return wanted
 
 
@@ -201,8 +229,11 @@ def tf_workers(cluster: ClusterPlan, port: int) -> tuple[str, ...]:
     """Every TensorFlow worker's address in rank order: a host's first worker on `port`, its
     next ones on the ports after it (several workers on one host need ports of their own).
     A one-host job's workers meet on localhost: its name need not resolve."""
-    return tuple(f"{host if cluster.multi_host else 'localhost'}:{port + local}"
-                 for host in cluster.hosts for local in range(cluster.processes_per_host))
+    return tuple(
+        f"{host if cluster.multi_host else 'localhost'}:{port + local}"
+        for host in cluster.hosts
+        for local in range(cluster.processes_per_host)
+    )
 
 
 def processes(cluster: ClusterPlan, port: int, gpu_count: int) -> Processes:
@@ -211,10 +242,19 @@ def processes(cluster: ClusterPlan, port: int, gpu_count: int) -> Processes:
     GPUs (all of them for the one process per host of the TensorFlow 2.21 image)."""
     per_host = cluster.processes_per_host
     share = max(1, gpu_count // per_host) if gpu_count else 0
-    devices = tuple(tuple((local * share + index) % gpu_count for index in range(share))
-                    for local in range(per_host)) if gpu_count else ()
-    return Processes(f"{cluster.leader if cluster.multi_host else 'localhost'}:{port}",
-                     cluster.world_size, devices)
+    devices = (
+        tuple(
+            tuple((local * share + index) % gpu_count for index in range(share))
+            for local in range(per_host)
+        )
+        if gpu_count
+        else ()
+    )
+    return Processes(
+        f"{cluster.leader if cluster.multi_host else 'localhost'}:{port}",
+        cluster.world_size,
+        devices,
+    )
 
 
 def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
@@ -228,11 +268,25 @@ def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
 # Variables that describe one host, one process or one rank: never handed from the leader's
 # container to the ranks of the others (each host's ssh session, OpenMPI and the SageMaker
 # toolkit set their own).
-PER_HOST_NAMES = frozenset({"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "SHELL",
-                            "USER", "LOGNAME", "MAIL", "DISPLAY", "CUDA_VISIBLE_DEVICES",
-                            "NVIDIA_VISIBLE_DEVICES"})
-PER_HOST_PREFIXES = ("SSH_", "OMPI_", "PMIX_", "OPAL_", "PRTE_", "ORTE_", "HYDRA_", "TRAIN_",
-                     "SM_")
+PER_HOST_NAMES = frozenset(
+    {
+        "HOSTNAME",
+        "HOME",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "TERM",
+        "SHELL",
+        "USER",
+        "LOGNAME",
+        "MAIL",
+        "DISPLAY",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+    }
+)
+PER_HOST_PREFIXES = ("SSH_", "OMPI_", "PMIX_", "OPAL_", "PRTE_", "ORTE_", "HYDRA_", "TRAIN_", "SM_")
 
 
 def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -247,10 +301,16 @@ def forwarded_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
     every host's sshd sets in its sessions with that host's values (container.sshd); the
     leader's ranks inherit the leader's from mpirun.
     """
-    return tuple(sorted(name for name in environ
-                        if VARIABLE_NAME.fullmatch(name) and name not in PER_HOST_NAMES
-                        and not name.startswith(PER_HOST_PREFIXES)
-                        and not is_host_own(name)))
+    return tuple(
+        sorted(
+            name
+            for name in environ
+            if VARIABLE_NAME.fullmatch(name)
+            and name not in PER_HOST_NAMES
+            and not name.startswith(PER_HOST_PREFIXES)
+            and not is_host_own(name)
+        )
+    )
 
 
 # What TensorFlow itself takes for "tf.keras is tf_keras" (tensorflow/__init__.py reads
@@ -275,15 +335,25 @@ def keras_backend(launch: LaunchConfig, environ: Mapping[str, str]) -> str | Non
     return JAX if tf_keras_is_keras2 and not launch.multi_worker_mirrored_strategy else None
 
 
-def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gpu_count: int,
-                     environ: Mapping[str, str], launch: LaunchConfig,
-                     data_service: str = "") -> dict[str, str]:
-    env = {"TRAIN_ML_ROOT": str(job.paths.root), "TRAIN_HOSTS": ",".join(cluster.hosts),
-           **({DATA_SERVICE_ENV: data_service} if data_service else {}),
-           "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
-           **rank_job.environment(),
-           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
-           **({} if rank_job.tf_workers else STALL_ENV)}
+def rank_environment(
+    job: JobConfig,
+    cluster: ClusterPlan,
+    rank_job: RankJob,
+    gpu_count: int,
+    environ: Mapping[str, str],
+    launch: LaunchConfig,
+    data_service: str = "",
+) -> dict[str, str]:
+    env = {
+        "TRAIN_ML_ROOT": str(job.paths.root),
+        "TRAIN_HOSTS": ",".join(cluster.hosts),
+        **({DATA_SERVICE_ENV: data_service} if data_service else {}),
+        "TRAIN_PROCESSES_PER_HOST": str(cluster.processes_per_host),
+        **rank_job.environment(),
+        "PYTHONUNBUFFERED": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "1",
+        **({} if rank_job.tf_workers else STALL_ENV),
+    }
     for name in ("PATH", "LD_LIBRARY_PATH"):
         if environ.get(name):
             env[name] = environ[name]
@@ -297,8 +367,13 @@ def rank_environment(job: JobConfig, cluster: ClusterPlan, rank_job: RankJob, gp
     if gpu_count:
         env["NCCL_DEBUG"] = "WARN"
     else:
-        env.update({name: value for name, value in CPU_RANK_ENV.items()
-                    if not (rank_job.tf_workers and name.startswith("HOROVOD_"))})
+        env.update(
+            {
+                name: value
+                for name, value in CPU_RANK_ENV.items()
+                if not (rank_job.tf_workers and name.startswith("HOROVOD_"))
+            }
+        )
     return env
 
 
@@ -307,35 +382,59 @@ def _check_builtin_channels(job: JobConfig) -> None:
     sdk = SDK_CHANNELS if job.source_code else ()
     unknown = sorted(set(job.channels) - set(BUILTIN_CHANNELS) - set(sdk))
     if unknown:
-        raise ConfigError(f"the built-in trainer reads channels {' and '.join(BUILTIN_CHANNELS)}; "
-                          f"unknown channel(s): {', '.join(unknown)}")
+        raise ConfigError(
+            f"the built-in trainer reads channels {' and '.join(BUILTIN_CHANNELS)}; "
+            f"unknown channel(s): {', '.join(unknown)}"
+        )
     if "train" not in job.channels and not job.paths.channel("train").is_dir():
-        raise ConfigError("the built-in trainer needs a `train` channel "
-                          f"({job.paths.channel('train')} is missing); add an input channel "
-                          "named train with CSV, NPZ, TFRecord or image files")
+        raise ConfigError(
+            "the built-in trainer needs a `train` channel "
+            f"({job.paths.channel('train')} is missing); add an input channel "
+            "named train with CSV, NPZ, TFRecord or image files"
+        )
     for channel in job.channels.values():
         if channel.input_mode == "Pipe":
-            raise ConfigError(f"channel {channel.name} uses Pipe input mode, which this "
-                              "container does not read; use File or FastFile")
+            raise ConfigError(
+                f"channel {channel.name} uses Pipe input mode, which this "
+                "container does not read; use File or FastFile"
+            )
 
 
-def _check_groups(training: tuple[InstanceGroup, ...], data_hosts: tuple[str, ...],
-                  launch: LaunchConfig, job: JobConfig, program: str) -> None:
+def _check_groups(
+    training: tuple[InstanceGroup, ...],
+    data_hosts: tuple[str, ...],
+    launch: LaunchConfig,
+    job: JobConfig,
+    program: str,
+) -> None:
     """What a heterogeneous job can run here: ranks per host the same on every training host;
     for the built-in trainer, whose data hosts serve its input, a training channel that
     reaches them whole."""
     types = sorted({group.instance_type for group in training})
     if len(types) > 1 and not launch.processes_per_host:
-        raise ConfigError(f"the training instance groups have different instance types "
-                          f"({', '.join(types)}): set processes_per_host, the ranks every one "
-                          "of their hosts runs")
+        raise ConfigError(
+            f"the training instance groups have different instance types "
+            f"({', '.join(types)}): set processes_per_host, the ranks every one "
+            "of their hosts runs"
+        )
     train = job.channels.get("train")
-    check_served_input(builtin=not program, data_groups=bool(data_hosts),
-                       train_sharded=train is not None and train.sharded_by_host)
+    check_served_input(
+        builtin=not program,
+        data_groups=bool(data_hosts),
+        train_sharded=train is not None and train.sharded_by_host,
+    )
 
 
-def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, python: str,
-              runtime: Path, environ: Mapping[str, str], stack: str = HOROVOD) -> LaunchPlan:
+def make_plan(
+    job: JobConfig,
+    settings: JobHyperparameters,
+    *,
+    gpu_count: int,
+    python: str,
+    runtime: Path,
+    environ: Mapping[str, str],
+    stack: str = HOROVOD,
+) -> LaunchPlan:
     """Check the rest of what the job says (its hyperparameters are `settings`, validated
     once by job.validated) and decide exactly what will run on this image's `stack`."""
     launch = settings.launch
@@ -343,69 +442,105 @@ def make_plan(job: JobConfig, settings: JobHyperparameters, *, gpu_count: int, p
     backend = choose_backend(launch, stack)
     keras_on_jax = not settings.program and settings.trainer.backend == JAX
     if keras_on_jax and stack != TENSORFLOW:
-        raise ConfigError(f"backend=jax trains the built-in model with Keras 3 on JAX, which "
-                          f"{IMAGES[stack]} does not have; run it on {IMAGES[TENSORFLOW]}")
+        raise ConfigError(
+            f"backend=jax trains the built-in model with Keras 3 on JAX, which "
+            f"{IMAGES[stack]} does not have; run it on {IMAGES[TENSORFLOW]}"
+        )
     training = training_groups(resources.instance_groups, launch.distribution_instance_groups)
     hosts = tuple(sorted(host for group in training for host in group.hosts))
     data_hosts = tuple(sorted(set(resources.hosts) - set(hosts)))
     _check_groups(training, data_hosts, launch, job, settings.program)
-    cluster = ClusterPlan(hosts=hosts, current_host=resources.current_host,
-                          processes_per_host=processes_per_host(
-                              launch, gpu_count, HOROVOD if keras_on_jax else backend),
-                          interface=resources.network_interface_name,
-                          instance_type=training[0].instance_type if data_hosts
-                          else resources.instance_type, data_hosts=data_hosts)
+    cluster = ClusterPlan(
+        hosts=hosts,
+        current_host=resources.current_host,
+        processes_per_host=processes_per_host(
+            launch, gpu_count, HOROVOD if keras_on_jax else backend
+        ),
+        interface=resources.network_interface_name,
+        instance_type=training[0].instance_type if data_hosts else resources.instance_type,
+        data_hosts=data_hosts,
+    )
     workers = tf_workers(cluster, launch.tf_worker_port) if backend == TENSORFLOW else ()
     layout = processes(cluster, launch.distribution_port, gpu_count)
     args: tuple[str, ...] = ()
     if settings.program:
         script = job.paths.code_dir / settings.program
         if not script.resolve().is_relative_to(job.paths.code_dir.resolve()):
-            raise ConfigError(f"script mode: program {settings.program!r} points outside the "
-                              f"code folder {job.paths.code_dir}; give a path inside it, such "
-                              "as 'train.py' or 'src/train.py'")
+            raise ConfigError(
+                f"script mode: program {settings.program!r} points outside the "
+                f"code folder {job.paths.code_dir}; give a path inside it, such "
+                "as 'train.py' or 'src/train.py'"
+            )
         if not script.is_file():
             origin = submit_directory(launch, environ)
             raise ConfigError(
                 f"script mode: program {settings.program!r} is not in submit directory "
                 f"{origin}; fix sagemaker_program (the SDK's entry_point) or add the file to "
-                "source_dir" if origin else
-                f"script mode: program {settings.program!r} not found at {script}; put it "
-                f"under {job.paths.code_dir} or fix sagemaker_program")
+                "source_dir"
+                if origin
+                else f"script mode: program {settings.program!r} not found at {script}; put it "
+                f"under {job.paths.code_dir} or fix sagemaker_program"
+            )
         args = script_arguments(settings.user)
-        rank_job = RankJob(program=settings.program, script_hyperparameters=settings.script,
-                           tf_workers=workers, processes=layout)
+        rank_job = RankJob(
+            program=settings.program,
+            script_hyperparameters=settings.script,
+            tf_workers=workers,
+            processes=layout,
+        )
         command = rank_command(python, "train.script_runner", str(script), *args)
     else:
         trainer = settings.trainer
         _check_builtin_channels(job)
-        rank_job = RankJob(trainer=trainer, tf_workers=workers, processes=layout,
-                           batches=plan_batches(
-            world_size=cluster.world_size, global_batch_size=trainer.global_batch_size,
-            per_device_batch_size=trainer.per_device_batch_size,
-            max_device_batch_size=trainer.max_device_batch_size,
-            learning_rate=trainer.learning_rate, base_batch_size=trainer.base_batch_size,
-            scale_learning_rate=trainer.scale_learning_rate))
+        rank_job = RankJob(
+            trainer=trainer,
+            tf_workers=workers,
+            processes=layout,
+            batches=plan_batches(
+                world_size=cluster.world_size,
+                global_batch_size=trainer.global_batch_size,
+                per_device_batch_size=trainer.per_device_batch_size,
+                max_device_batch_size=trainer.max_device_batch_size,
+                learning_rate=trainer.learning_rate,
+                base_batch_size=trainer.base_batch_size,
+                scale_learning_rate=trainer.scale_learning_rate,
+            ),
+        )
         command = rank_command(python, "train.rank_main")
-    ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host \
-        else None
-    data_service = f"grpc://{data_hosts[0]}:{launch.data_service_port}" \
-        if data_hosts and not settings.program else ""
+    ssh_args = ssh_client_args(SshFiles(runtime), launch.sshd_port) if cluster.multi_host else None
+    data_service = (
+        f"grpc://{data_hosts[0]}:{launch.data_service_port}"
+        if data_hosts and not settings.program
+        else ""
+    )
     defaults = mpirun.default_options(
-        hosts=cluster.hosts, processes_per_host=cluster.processes_per_host,
-        interface=cluster.interface, instance_type=cluster.instance_type,
-        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ, launch,
-                                  data_service),
+        hosts=cluster.hosts,
+        processes_per_host=cluster.processes_per_host,
+        interface=cluster.interface,
+        instance_type=cluster.instance_type,
+        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ, launch, data_service),
         forwarded=forwarded_environment(environ),
-        ssh_args=ssh_args)
+        ssh_args=ssh_args,
+    )
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
     data_command, data_env = (), {}
     if cluster.is_data_host:
-        data_command = (python, "-P", "-m", "train.script_runner", str(script), *args) \
-            if settings.program else (python, "-P", "-m", "train.data_service")
-        data_env = {**rank_environment(job, cluster, rank_job, 0, environ, launch,
-                                       data_service), DATA_HOST_ENV: cluster.current_host}
-    return LaunchPlan(cluster=cluster, launch=launch, job=rank_job, script_args=args,
-                      ignored_hyperparameters=settings.ignored,
-                      mpirun=tuple(mpirun.build_argv(options, command)),
-                      data_command=data_command, data_env=data_env)
+        data_command = (
+            (python, "-P", "-m", "train.script_runner", str(script), *args)
+            if settings.program
+            else (python, "-P", "-m", "train.data_service")
+        )
+        data_env = {
+            **rank_environment(job, cluster, rank_job, 0, environ, launch, data_service),
+            DATA_HOST_ENV: cluster.current_host,
+        }
+    return LaunchPlan(
+        cluster=cluster,
+        launch=launch,
+        job=rank_job,
+        script_args=args,
+        ignored_hyperparameters=settings.ignored,
+        mpirun=tuple(mpirun.build_argv(options, command)),
+        data_command=data_command,
+        data_env=data_env,
+    )

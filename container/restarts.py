@@ -44,8 +44,11 @@ class Attempt:
     def same_as(self, other: Attempt) -> bool:
         """The same failure at the same place: which rank reported it first is chance (every
         rank may raise the same bug), so ranks and hosts are left out of the comparison."""
-        return (self.exit_code, _unplaced(self.reason), self.checkpoint) == \
-            (other.exit_code, _unplaced(other.reason), other.checkpoint)
+        return (self.exit_code, _unplaced(self.reason), self.checkpoint) == (
+            other.exit_code,
+            _unplaced(other.reason),
+            other.checkpoint,
+        )
 
 
 def _unplaced(reason: str) -> str:
@@ -60,8 +63,10 @@ def why_not_restart(outcome: Outcome, failed: list[Attempt], max_restarts: int) 
     if len(failed) > max_restarts:
         return f"{max_restarts} restart(s) allowed (max_restarts), all used"
     if len(failed) >= 2 and failed[-1].same_as(failed[-2]):
-        return ("it failed twice the same way with no newer checkpoint between: a bug at "
-                "the same place, not bad luck; not restarted again")
+        return (
+            "it failed twice the same way with no newer checkpoint between: a bug at "
+            "the same place, not bad luck; not restarted again"
+        )
     return None
 
 
@@ -81,8 +86,9 @@ def write_attempts(output_dir: Path, failed: list[Attempt]) -> None:
     os.replace(temporary, output_dir / ATTEMPTS_FILE)
 
 
-def run_with_restarts(run: Callable[[], Outcome], max_restarts: int, checkpoint_dir: Path,
-                      output_dir: Path) -> Outcome:
+def run_with_restarts(
+    run: Callable[[], Outcome], max_restarts: int, checkpoint_dir: Path, output_dir: Path
+) -> Outcome:
     """`run()` (every rank once, to its outcome) until it succeeds or may not run again; the
     last outcome, its reason naming the earlier attempts when there were any."""
     failed: list[Attempt] = []
@@ -90,21 +96,29 @@ def run_with_restarts(run: Callable[[], Outcome], max_restarts: int, checkpoint_
         outcome = run()
         if outcome.exit_code == 0 or not max_restarts:
             break
-        failed.append(Attempt(outcome.exit_code, outcome.reason,
-                              newest_checkpoint(checkpoint_dir)))
+        failed.append(Attempt(outcome.exit_code, outcome.reason, newest_checkpoint(checkpoint_dir)))
         write_attempts(output_dir, failed)
         why = why_not_restart(outcome, failed, max_restarts)
         if why is not None:
-            print(f"launcher: attempt {len(failed)} failed (exit code {outcome.exit_code}); "
-                  f"{why}", flush=True)
+            print(
+                f"launcher: attempt {len(failed)} failed (exit code {outcome.exit_code}); {why}",
+                flush=True,
+            )
             break
-        print(f"launcher: attempt {len(failed)} failed (exit code {outcome.exit_code}): "
-              f"{outcome.reason}; restarting every rank on every host from "
-              f"{failed[-1].checkpoint or 'the start (no checkpoint yet)'} "
-              f"(restart {len(failed)} of {max_restarts})", flush=True)
+        print(
+            f"launcher: attempt {len(failed)} failed (exit code {outcome.exit_code}): "
+            f"{outcome.reason}; restarting every rank on every host from "
+            f"{failed[-1].checkpoint or 'the start (no checkpoint yet)'} "
+            f"(restart {len(failed)} of {max_restarts})",
+            flush=True,
+        )
     if len(failed) > 1 and outcome.exit_code:
-        return Outcome(outcome.kind, f"{outcome.reason} (attempt {len(failed)}; every attempt "
-                       f"in output/data/{ATTEMPTS_FILE})", outcome.exit_code)
+        return Outcome(
+            outcome.kind,
+            f"{outcome.reason} (attempt {len(failed)}; every attempt "
+            f"in output/data/{ATTEMPTS_FILE})",
+            outcome.exit_code,
+        )
     if failed:
         print(f"launcher: the job succeeded after {len(failed)} restart(s)", flush=True)
     return outcome

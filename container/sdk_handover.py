@@ -35,8 +35,9 @@ def sdk_driver(argv: list) -> str:
 def take_over() -> None:
     driver = sdk_driver(sys.argv)
     if driver:
-        print(f"image: SageMaker SDK's {driver} is handed to this image's launcher: train",
-              flush=True)
+        print(
+            f"image: SageMaker SDK's {driver} is handed to this image's launcher: train", flush=True
+        )
         os.execvp("train", ["train"])
 
 

@@ -81,9 +81,12 @@ def adopt_orphans() -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
         return True
-    print(f"launcher: cannot adopt orphaned processes (prctl: "
-          f"{os.strerror(ctypes.get_errno())}); what the ranks leave on this host is ended "
-          "with the container", flush=True)
+    print(
+        f"launcher: cannot adopt orphaned processes (prctl: "
+        f"{os.strerror(ctypes.get_errno())}); what the ranks leave on this host is ended "
+        "with the container",
+        flush=True,
+    )
     return False
 
 
@@ -100,30 +103,39 @@ def end_descendants(what: str, why: str) -> None:
             return
 
 
-def end_processes(find: Callable[[], dict[int, int]], what: str, why: str,
-                  kill_after: float = KILL_AFTER) -> None:
+def end_processes(
+    find: Callable[[], dict[int, int]], what: str, why: str, kill_after: float = KILL_AFTER
+) -> None:
     """SIGTERM to the process groups of the processes `find` returns (pid -> group), SIGKILL
     to those still found `kill_after` s later; returns once `find` finds none."""
     found = find()
     if not found:
         return
-    print(f"launcher: {why}; ending {what} ({len(found)}: pids "
-          f"{', '.join(map(str, sorted(found)))})", flush=True)
+    print(
+        f"launcher: {why}; ending {what} ({len(found)}: pids {', '.join(map(str, sorted(found)))})",
+        flush=True,
+    )
     _signal(found, signal.SIGTERM)
     deadline = time.monotonic() + kill_after
     while (found := find()) and time.monotonic() < deadline:
         time.sleep(POLL)
     if not found:
         return
-    print(f"launcher: {len(found)} of them still running {kill_after:g} s after SIGTERM (pids "
-          f"{', '.join(map(str, sorted(found)))}); killing them", flush=True)
+    print(
+        f"launcher: {len(found)} of them still running {kill_after:g} s after SIGTERM (pids "
+        f"{', '.join(map(str, sorted(found)))}); killing them",
+        flush=True,
+    )
     deadline = time.monotonic() + KILL_AFTER
     while (found := find()) and time.monotonic() < deadline:  # forks made meanwhile too
         _signal(found, signal.SIGKILL)
         time.sleep(POLL / 4)
     if found:  # in the kernel's uninterruptible sleep (a dead mount's read)
-        print(f"launcher: pids {', '.join(map(str, sorted(found)))} survive SIGKILL (stuck in "
-              "the kernel); leaving them", flush=True)
+        print(
+            f"launcher: pids {', '.join(map(str, sorted(found)))} survive SIGKILL (stuck in "
+            "the kernel); leaving them",
+            flush=True,
+        )
 
 
 def _signal(processes: dict[int, int], sig: int) -> None:
@@ -141,9 +153,17 @@ class Session:
     """`argv` run in a new session, its stdout and stderr one pipe of text lines."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None):
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, text=True,
-                                        bufsize=1, errors="replace", start_new_session=True)
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            start_new_session=True,
+        )
         self.name = os.path.basename(argv[0])
         self._ending = threading.Lock()
 
@@ -194,12 +214,14 @@ class Session:
 
     def _end_left_behind(self) -> None:
         if self.members():
-            self.end(f"{self.name} exited (code {self.process.returncode}) and left processes "
-                     "running")
+            self.end(
+                f"{self.name} exited (code {self.process.returncode}) and left processes running"
+            )
 
     def end(self, why: str, kill_after: float = KILL_AFTER) -> None:
         """End every process of the session (end_processes); one caller at a time (the stop's
         deadline, the watchdog and an abort may each end it)."""
         with self._ending:
-            end_processes(self.members, f"{self.name} and every process it started", why,
-                          kill_after)
+            end_processes(
+                self.members, f"{self.name} and every process it started", why, kill_after
+            )

@@ -68,8 +68,7 @@ def prepare(job: JobConfig, launch: LaunchConfig) -> None:
     # SageMaker local mode mounts a local source_dir at /opt/ml/code and names that path: it
     # means "the code is already in the code folder", which under `train --ml-root DIR` is
     # DIR/code.
-    if local is not None and (local.resolve() == code_dir.resolve()
-                              or local == MlPaths().code_dir):
+    if local is not None and (local.resolve() == code_dir.resolve() or local == MlPaths().code_dir):
         print(f"launcher: the submit directory {uri} is the code folder itself", flush=True)
     else:
         print(f"launcher: fetching the submit directory {uri} into {code_dir}", flush=True)
@@ -105,15 +104,19 @@ def unpack(uri: str, destination: Path, region_name: str | None, max_mb: int = 0
         return
     source = local_source(uri)
     if source is None:
-        raise ConfigError(f"submit directory {uri!r}: scheme {parsed.scheme!r} is not "
-                          "supported; use s3://, file:// or a path in the container")
+        raise ConfigError(
+            f"submit directory {uri!r}: scheme {parsed.scheme!r} is not "
+            "supported; use s3://, file:// or a path in the container"
+        )
     if source.is_dir():
         shutil.copytree(source, destination, dirs_exist_ok=True, symlinks=True)
     elif source.is_file():
         extract(source, destination, uri, max_mb)
     else:
-        raise ConfigError(f"submit directory {uri!r}: {source} does not exist in the "
-                          "container; mount it there or give an s3:// URI")
+        raise ConfigError(
+            f"submit directory {uri!r}: {source} does not exist in the "
+            "container; mount it there or give an s3:// URI"
+        )
 
 
 def download_s3(bucket: str, key: str, target: Path, region_name: str | None, uri: str) -> None:
@@ -129,14 +132,18 @@ def download_s3(bucket: str, key: str, target: Path, region_name: str | None, ur
         if code in ("404", "NoSuchKey", "NoSuchBucket"):
             fix = "the object does not exist; upload it or fix sagemaker_submit_directory"
         elif code in ("403", "AccessDenied"):
-            fix = ("access denied; give the job's role s3:GetObject on it (and kms:Decrypt "
-                   "if it is encrypted with a KMS key)")
+            fix = (
+                "access denied; give the job's role s3:GetObject on it (and kms:Decrypt "
+                "if it is encrypted with a KMS key)"
+            )
         else:
             fix = f"S3 answered {code}: {error}"
         raise ConfigError(f"submit directory {uri}: {fix}") from None
     except BotoCoreError as error:
-        raise ConfigError(f"submit directory {uri}: cannot download it: {error}; check the "
-                          "job's credentials, region and network access to S3") from None
+        raise ConfigError(
+            f"submit directory {uri}: cannot download it: {error}; check the "
+            "job's credentials, region and network access to S3"
+        ) from None
 
 
 MB = 1024 * 1024
@@ -150,30 +157,40 @@ def extract(archive: Path, destination: Path, uri: str, max_mb: int = 0) -> None
     else:
         free = shutil.disk_usage(destination).free
         max_bytes = free // 2
-        origin = (f"half the {free // MB} MB free on the code folder's disk; the "
-                  "hyperparameter submit_directory_max_mb sets it")
+        origin = (
+            f"half the {free // MB} MB free on the code folder's disk; the "
+            "hyperparameter submit_directory_max_mb sets it"
+        )
     try:
         with untar.open_archive(archive):
             pass
     except tarfile.ReadError:
-        raise ConfigError(f"submit directory {uri!r} is not a tar archive (.tar.gz); pack "
-                          "the folder with `tar -czf sourcedir.tar.gz -C src .` or let the "
-                          "SDK pack source_dir") from None
+        raise ConfigError(
+            f"submit directory {uri!r} is not a tar archive (.tar.gz); pack "
+            "the folder with `tar -czf sourcedir.tar.gz -C src .` or let the "
+            "SDK pack source_dir"
+        ) from None
     except (untar.RefusedMember, tarfile.TarError, OSError, EOFError, zlib.error):
         pass  # a tar archive whose first member is bad: extract says what is wrong below
     try:
         untar.extract(archive, destination, max_bytes)
     except untar.TooLarge as refused:
-        raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {refused} ({origin}); "
-                          "leave large files out of source_dir (give them as an input channel), "
-                          "or raise submit_directory_max_mb if the disk holds them") from None
+        raise ConfigError(
+            f"submit directory {uri!r} cannot be unpacked: {refused} ({origin}); "
+            "leave large files out of source_dir (give them as an input channel), "
+            "or raise submit_directory_max_mb if the disk holds them"
+        ) from None
     except untar.RefusedMember as refused:
-        raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {refused}; repack "
-                          "it as a .tar.gz of the source folder, with links that stay "
-                          "inside it") from None
+        raise ConfigError(
+            f"submit directory {uri!r} cannot be unpacked: {refused}; repack "
+            "it as a .tar.gz of the source folder, with links that stay "
+            "inside it"
+        ) from None
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
-        raise ConfigError(f"submit directory {uri!r} cannot be unpacked: {error}; repack "
-                          "it as a .tar.gz of the source folder") from None
+        raise ConfigError(
+            f"submit directory {uri!r} cannot be unpacked: {error}; repack "
+            "it as a .tar.gz of the source folder"
+        ) from None
 
 
 def replace_contents(folder: Path, staging: Path) -> None:
@@ -196,8 +213,17 @@ def pip_install_command(name: str, environ: Mapping[str, str]) -> list[str]:
     WARM_POOL_CACHE to a folder that outlives the job: pip's cache goes there, so the next job
     on the instance installs from the wheels this one downloaded or built."""
     cache = environ.get(WARM_POOL_CACHE)
-    return [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-            *(["--cache-dir", str(Path(cache) / "pip")] if cache else []), "-r", name]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--disable-pip-version-check",
+        *(["--cache-dir", str(Path(cache) / "pip")] if cache else []),
+        "-r",
+        name,
+    ]
 
 
 def install_requirements(code_dir: Path, uri: str, name: str) -> None:
@@ -209,12 +235,15 @@ def install_requirements(code_dir: Path, uri: str, name: str) -> None:
     command = pip_install_command(name, os.environ)
     cached = " (pip's cache in the warm pool's folder)" if "--cache-dir" in command else ""
     print(f"launcher: installing {name} of the submit directory{cached}", flush=True)
-    result = subprocess.run(command, cwd=code_dir, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    result = subprocess.run(
+        command, cwd=code_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     print(result.stdout, end="", flush=True)
     if result.returncode:
         errors = [line for line in result.stdout.splitlines() if line.startswith("ERROR")]
         cause = "; ".join(errors[-2:]) or result.stdout.strip()[-400:]
-        raise ConfigError(f"pip could not install {name} of submit directory {uri}: "
-                          f"{cause}; fix the requirement or make the package reachable from "
-                          "the container (a wheel in source_dir, or a reachable index)")
+        raise ConfigError(
+            f"pip could not install {name} of submit directory {uri}: "
+            f"{cause}; fix the requirement or make the package reachable from "
+            "the container (a wheel in source_dir, or a reachable index)"
+        )

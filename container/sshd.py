@@ -51,10 +51,14 @@ LogLevel ERROR
 # ContainerProvider reads the four AWS_CONTAINER_* names (the other AWS SDKs read the same);
 # ECS_CONTAINER_METADATA_URI, ECS_CONTAINER_METADATA_URI_V4 and the other ECS_* variables
 # are the container agent's, each naming this container.
-HOST_OWN_NAMES = frozenset({"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-                            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"})
+HOST_OWN_NAMES = frozenset(
+    {
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    }
+)
 HOST_OWN_PREFIXES = ("ECS_",)
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what a shell takes as a name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -76,8 +80,10 @@ def session_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], lis
         if not VARIABLE_NAME.fullmatch(name):
             skipped.append(f"{name!r}: the name is not a variable name a shell accepts")
         elif _CONTROL.search(environ[name]):
-            skipped.append(f"{name}: its value holds a line break or another control "
-                           "character, which sshd_config cannot hold")
+            skipped.append(
+                f"{name}: its value holds a line break or another control "
+                "character, which sshd_config cannot hold"
+            )
         else:
             values[name] = environ[name]
     return values, skipped
@@ -87,18 +93,23 @@ def setenv_line(values: Mapping[str, str]) -> str:
     """`SetEnv "NAME=value" ...`, the sshd_config setting for `values`, or nothing for none.
     sshd reads only the first SetEnv line, and splits it into words as ssh_config does:
     double quotes keep spaces and `#`, and a backslash escapes a quote or a backslash."""
-    words = ['"' + f"{name}={value}".replace("\\", "\\\\").replace('"', '\\"') + '"'
-             for name, value in values.items()]
+    words = [
+        '"' + f"{name}={value}".replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for name, value in values.items()
+    ]
     return f"SetEnv {' '.join(words)}\n" if words else ""
 
 
-def sshd_config(runtime: Path, *, address: str, port: int, environ: Mapping[str, str]
-                ) -> tuple[str, list[str]]:
+def sshd_config(
+    runtime: Path, *, address: str, port: int, environ: Mapping[str, str]
+) -> tuple[str, list[str]]:
     """This job's sshd_config on this host, with the host-own variables of `environ` set in
     its sessions, and why any of them is left out."""
     values, skipped = session_environment(environ)
-    return (SSHD_CONFIG.format(port=port, address=address, runtime=runtime)
-            + setenv_line(values), skipped)
+    return (
+        SSHD_CONFIG.format(port=port, address=address, runtime=runtime) + setenv_line(values),
+        skipped,
+    )
 
 
 @dataclass(frozen=True)
@@ -127,10 +138,12 @@ class SshFiles:
 def ssh_client_args(files: SshFiles, port: int) -> str:
     """What mpirun passes to ssh (plm_rsh_args): the job key, strict host checking, and the
     job's own client config (`client_config`) in place of the image's."""
-    return (f"-F {files.client_config} -p {port} -i {files.client_key} -o IdentitiesOnly=yes "
-            f"-o BatchMode=yes -o StrictHostKeyChecking=yes "
-            f"-o UserKnownHostsFile={files.known_hosts} -o CheckHostIP=no -o ConnectTimeout=30 "
-            f"-o LogLevel=ERROR")
+    return (
+        f"-F {files.client_config} -p {port} -i {files.client_key} -o IdentitiesOnly=yes "
+        f"-o BatchMode=yes -o StrictHostKeyChecking=yes "
+        f"-o UserKnownHostsFile={files.known_hosts} -o CheckHostIP=no -o ConnectTimeout=30 "
+        f"-o LogLevel=ERROR"
+    )
 
 
 def client_config(addresses: Mapping[str, str], port: int) -> str:
@@ -139,8 +152,10 @@ def client_config(addresses: Mapping[str, str], port: int) -> str:
     while the cluster's containers come and go (podman's resolver reloads, glibc moves on to a
     server that has never heard of algo-2: "Could not resolve hostname"); host keys are still
     checked against the name (HostKeyAlias), as known_hosts holds them."""
-    return "".join(f"Host {host}\n  HostName {address}\n  HostKeyAlias {_known_name(host, port)}\n"
-                   for host, address in addresses.items())
+    return "".join(
+        f"Host {host}\n  HostName {address}\n  HostKeyAlias {_known_name(host, port)}\n"
+        for host, address in addresses.items()
+    )
 
 
 def known_hosts_line(host: str, port: int, host_public_key: str) -> str:
@@ -152,19 +167,35 @@ def _known_name(host: str, port: int) -> str:
 
 
 def _require(program: str) -> str:
-    path = shutil.which(program) or (f"/usr/sbin/{program}" if Path(f"/usr/sbin/{program}")
-                                     .exists() else None)
+    path = shutil.which(program) or (
+        f"/usr/sbin/{program}" if Path(f"/usr/sbin/{program}").exists() else None
+    )
     if not path:
         raise PlatformError(
             f"{program} is not installed; multi-host jobs need OpenSSH in the image: "
-            f"apt-get install -y openssh-server openssh-client")
+            f"apt-get install -y openssh-server openssh-client"
+        )
     return path
 
 
 def _keygen(path: Path) -> str:
     if not path.exists():
-        subprocess.run([_require("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C",
-                        "training-job", "-f", str(path)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                _require("ssh-keygen"),
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "training-job",
+                "-f",
+                str(path),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return path.with_suffix(".pub").read_text().strip()
 
 
@@ -180,15 +211,15 @@ def make_client_key(files: SshFiles) -> str:
     return _keygen(files.client_key)
 
 
-def start_sshd(files: SshFiles, *, address: str, port: int,
-               authorized_key: str) -> tuple[subprocess.Popen, str]:
+def start_sshd(
+    files: SshFiles, *, address: str, port: int, authorized_key: str
+) -> tuple[subprocess.Popen, str]:
     """Start sshd for this job, its sessions given this host's own values of the host-own
     variables (from this process's environment); returns the process and this host's public
     host key."""
     host_public_key = _keygen(files.host_key)
     authorized = files.runtime / "authorized_keys"
-    authorized.write_text(
-        f"restrict {authorized_key}\n")
+    authorized.write_text(f"restrict {authorized_key}\n")
     authorized.chmod(0o600)
     text, skipped = sshd_config(files.runtime, address=address, port=port, environ=os.environ)
     for reason in skipped:

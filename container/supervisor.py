@@ -67,13 +67,19 @@ class StopSignals:
         self.received.set()
         name = signal.Signals(signum).name
         if self.forward:
-            print(f"launcher: received {name}; asking the ranks to save a checkpoint and stop "
-                  f"(grace {self.grace:g} s)", flush=True)
+            print(
+                f"launcher: received {name}; asking the ranks to save a checkpoint and stop "
+                f"(grace {self.grace:g} s)",
+                flush=True,
+            )
             self.session.signal_program(signal.SIGUSR1)
         else:
-            print(f"launcher: received {name}; {self.session.name} runs on until the ranks "
-                  f"have saved their checkpoint and the leader reports the job's end (grace "
-                  f"{self.grace:g} s)", flush=True)
+            print(
+                f"launcher: received {name}; {self.session.name} runs on until the ranks "
+                f"have saved their checkpoint and the leader reports the job's end (grace "
+                f"{self.grace:g} s)",
+                flush=True,
+            )
         threading.Thread(target=self._deadline, daemon=True).start()
 
     def _deadline(self) -> None:
@@ -82,11 +88,13 @@ class StopSignals:
         except subprocess.TimeoutExpired:
             self.overdue = True
             if not self.forward:  # no ranks here to ask for their stacks
-                self.escalate(f"no end of the job reported within the grace of "
-                              f"{self.grace:g} s")
+                self.escalate(f"no end of the job reported within the grace of {self.grace:g} s")
                 return
-            print(f"launcher: the ranks did not stop within the grace of {self.grace:g} s; "
-                  "asking every rank for its Python stack, then stopping the job", flush=True)
+            print(
+                f"launcher: the ranks did not stop within the grace of {self.grace:g} s; "
+                "asking every rank for its Python stack, then stopping the job",
+                flush=True,
+            )
             self.stacks_then_escalate()
 
     def stacks_then_escalate(self) -> None:
@@ -103,10 +111,17 @@ class StopSignals:
         self.session.end(why)
 
 
-def run_supervised(argv: list[str], *, grace: float, host_of_rank: Callable[[int], str],
-                   env: dict[str, str] | None = None, watch: ProgressWatch | None = None,
-                   abort: threading.Event | None = None, checkpoint_dir: Path | None = None,
-                   forward_stop: bool = True) -> Outcome:
+def run_supervised(
+    argv: list[str],
+    *,
+    grace: float,
+    host_of_rank: Callable[[int], str],
+    env: dict[str, str] | None = None,
+    watch: ProgressWatch | None = None,
+    abort: threading.Event | None = None,
+    checkpoint_dir: Path | None = None,
+    forward_stop: bool = True,
+) -> Outcome:
     """Run mpirun (or a data host's program) to the end in a session of its own
     (container.session), echoing its output; the outcome says who failed and why.
     `abort`, once set, ends it at once (the job failed elsewhere: a data host);
@@ -118,8 +133,7 @@ def run_supervised(argv: list[str], *, grace: float, host_of_rank: Callable[[int
     def take(line: str) -> None:
         """One whole line: the watchdog's, or the log's (pulses go nowhere with the watchdog
         off)."""
-        swallowed = watch.observe(line) if watch is not None else \
-            parse_active(line) is not None
+        swallowed = watch.observe(line) if watch is not None else parse_active(line) is not None
         if swallowed:
             return
         sys.stdout.write(line + "\n")
@@ -129,11 +143,9 @@ def run_supervised(argv: list[str], *, grace: float, host_of_rank: Callable[[int
     process = session.process
     with StopSignals(session, grace, forward_stop) as stops:
         if watch is not None:
-            threading.Thread(target=_watchdog, args=(process, watch, stops),
-                             daemon=True).start()
+            threading.Thread(target=_watchdog, args=(process, watch, stops), daemon=True).start()
         if abort is not None:
-            threading.Thread(target=_aborter, args=(process, abort, stops),
-                             daemon=True).start()
+            threading.Thread(target=_aborter, args=(process, abort, stops), daemon=True).start()
         for output_line in session.output():
             for line in lines.feed(output_line):
                 take(line)
@@ -148,22 +160,32 @@ def run_supervised(argv: list[str], *, grace: float, host_of_rank: Callable[[int
         return Outcome.success()
     if stopped:
         detail = stop_detail(log, exit_code, stops, host_of_rank, checkpoint_dir)
-        return Outcome.failed(FailureKind.STOPPED, f"training was stopped by a signal (job "
-                              f"stopped, max runtime or spot reclaim); {detail}")
+        return Outcome.failed(
+            FailureKind.STOPPED,
+            f"training was stopped by a signal (job "
+            f"stopped, max runtime or spot reclaim); {detail}",
+        )
     return summarize(log, exit_code, host_of_rank)
 
 
-def stop_detail(log: OutputLog, exit_code: int, stops: StopSignals,
-                host_of_rank: Callable[[int], str], checkpoint_dir: Path | None = None) -> str:
+def stop_detail(
+    log: OutputLog,
+    exit_code: int,
+    stops: StopSignals,
+    host_of_rank: Callable[[int], str],
+    checkpoint_dir: Path | None = None,
+) -> str:
     """What the ranks confirmed they saved after a stop; else why nothing was confirmed, and
     the checkpoint a restart resumes from (saved before the stop: a script stopped after its
     `fit` returned, or one whose save failed or outlasted the grace, may still lose nothing)."""
     if log.stopped is not None:
         return log.stopped
     if stops.overdue:
-        why = (f"no checkpoint was confirmed within the grace of {stops.grace:g} s, so the "
-               "ranks were killed; their Python stacks are in the log: raise stop_grace if "
-               "saving takes longer")
+        why = (
+            f"no checkpoint was confirmed within the grace of {stops.grace:g} s, so the "
+            "ranks were killed; their Python stacks are in the log: raise stop_grace if "
+            "saving takes longer"
+        )
     elif exit_code != 0 and log.reports:
         why = f"no checkpoint was confirmed: {summarize(log, exit_code, host_of_rank).reason}"
     else:
@@ -184,8 +206,11 @@ def _watchdog(process: subprocess.Popen, watch: ProgressWatch, stops: StopSignal
         if silence is None:
             time.sleep(1.0)
             continue
-        print(f"launcher: no progress for {silence:.0f} s; asking every rank for its Python "
-              "stack, then stopping the job", flush=True)
+        print(
+            f"launcher: no progress for {silence:.0f} s; asking every rank for its Python "
+            "stack, then stopping the job",
+            flush=True,
+        )
         watch.fire(silence)
         stops.stacks_then_escalate()
         return

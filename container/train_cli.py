@@ -85,11 +85,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="train", description="Train on SageMaker with Horovod over OpenMPI.")
-    parser.add_argument("--ml-root", type=Path, default=DEFAULT_ML_ROOT,
-                        help="the SageMaker tree to use instead of /opt/ml (local runs, tests)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the launch plan as JSON and exit without starting anything")
+        prog="train", description="Train on SageMaker with Horovod over OpenMPI."
+    )
+    parser.add_argument(
+        "--ml-root",
+        type=Path,
+        default=DEFAULT_ML_ROOT,
+        help="the SageMaker tree to use instead of /opt/ml (local runs, tests)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the launch plan as JSON and exit without starting anything",
+    )
     return parser.parse_args(argv)
 
 
@@ -116,21 +124,34 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
     try:
         job = read_job_config(paths)
         paths = job.paths  # with the checkpoint and TensorBoard folders the job configured
-        settings = validate_hyperparameters(job.hyperparameters, os.environ, job.source_code,
-                                            builtin_only=BUILTIN_ONLY_MARKER.exists())
+        settings = validate_hyperparameters(
+            job.hyperparameters,
+            os.environ,
+            job.source_code,
+            builtin_only=BUILTIN_ONLY_MARKER.exists(),
+        )
         source_dir.prepare(job, settings.launch)
         job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
-        plan = make_plan(job, settings, gpu_count=count_gpus(), python=sys.executable,
-                         runtime=runtime, environ=os.environ, stack=installed_stack())
+        plan = make_plan(
+            job,
+            settings,
+            gpu_count=count_gpus(),
+            python=sys.executable,
+            runtime=runtime,
+            environ=os.environ,
+            stack=installed_stack(),
+        )
         if dry_run:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
         log_plan(plan)
-        run, run_env, secret_env = mlflow_run.begin(plan, job.hyperparameters, os.environ,
-                                                    installed_stack(), paths)
+        run, run_env, secret_env = mlflow_run.begin(
+            plan, job.hyperparameters, os.environ, installed_stack(), paths
+        )
         os.environ.update(secret_env)  # mpirun's environment: its ranks', not its command's
-        plan = dataclasses.replace(plan, mpirun=mpirun.with_environment(
-            plan.mpirun, run_env, forwarded=tuple(secret_env)))
+        plan = dataclasses.replace(
+            plan, mpirun=mpirun.with_environment(plan.mpirun, run_env, forwarded=tuple(secret_env))
+        )
         started = time.time()
         outcome = execute(plan, runtime, paths)
         if outcome.exit_code == 0 and plan.job.program and plan.cluster.is_leader:
@@ -139,8 +160,9 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         outcome = Outcome.failed(error.kind, str(error))
     except Exception as error:  # a bug here, not the user's: say so, with the traceback in the log
         traceback.print_exc()
-        outcome = Outcome.failed(FailureKind.INTERNAL, f"internal error in the launcher: "
-                                 f"{type(error).__name__}: {error}")
+        outcome = Outcome.failed(
+            FailureKind.INTERNAL, f"internal error in the launcher: {type(error).__name__}: {error}"
+        )
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     mlflow_run.end(run, outcome)
@@ -165,15 +187,22 @@ def with_usable_interface(job: JobConfig, host_timeout: float, dry_run: bool) ->
     address = network.address_of(host)
     chosen = network.interface_for(named, address, interfaces)
     if chosen is None:
-        print(f"launcher: network interface {named} (resourceconfig.json) is not on this host "
-              f"and none carries {host}'s address {address} ("
-              f"{', '.join(f'{name} {value}' for name, value in interfaces.items())}); "
-              f"keeping {named}", flush=True)
+        print(
+            f"launcher: network interface {named} (resourceconfig.json) is not on this host "
+            f"and none carries {host}'s address {address} ("
+            f"{', '.join(f'{name} {value}' for name, value in interfaces.items())}); "
+            f"keeping {named}",
+            flush=True,
+        )
         return job
-    print(f"launcher: network interface {named} (resourceconfig.json) is not on this host; "
-          f"using {chosen}, which carries {host}'s address {address}", flush=True)
-    return dataclasses.replace(job, resources=dataclasses.replace(
-        resources, network_interface_name=chosen))
+    print(
+        f"launcher: network interface {named} (resourceconfig.json) is not on this host; "
+        f"using {chosen}, which carries {host}'s address {address}",
+        flush=True,
+    )
+    return dataclasses.replace(
+        job, resources=dataclasses.replace(resources, network_interface_name=chosen)
+    )
 
 
 def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
@@ -181,8 +210,11 @@ def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
         print("launcher: job completed", flush=True)
         print(mark_line(Mark.JOB_DONE), flush=True)
         return 0
-    print(f"launcher: job FAILED (exit code {outcome.exit_code}): {outcome.reason}",
-          file=sys.stderr, flush=True)
+    print(
+        f"launcher: job FAILED (exit code {outcome.exit_code}): {outcome.reason}",
+        file=sys.stderr,
+        flush=True,
+    )
     if not dry_run:
         write_failure(paths, outcome.reason)
     return outcome.exit_code
@@ -191,15 +223,23 @@ def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
 def log_plan(plan: LaunchPlan) -> None:
     cluster = plan.cluster
     role = "leader" if cluster.is_leader else "data host" if cluster.is_data_host else "worker"
-    print(f"launcher: host {cluster.current_host} ({role}) of {len(cluster.hosts)}: "
-          f"{', '.join(cluster.hosts)}; {cluster.processes_per_host} rank(s) per host, "
-          f"world size {cluster.world_size}", flush=True)
+    print(
+        f"launcher: host {cluster.current_host} ({role}) of {len(cluster.hosts)}: "
+        f"{', '.join(cluster.hosts)}; {cluster.processes_per_host} rank(s) per host, "
+        f"world size {cluster.world_size}",
+        flush=True,
+    )
     if cluster.data_hosts:
-        print(f"launcher: data hosts (other instance groups, the script on its own): "
-              f"{', '.join(cluster.data_hosts)}", flush=True)
+        print(
+            f"launcher: data hosts (other instance groups, the script on its own): "
+            f"{', '.join(cluster.data_hosts)}",
+            flush=True,
+        )
     if plan.ignored_hyperparameters:
-        print(f"launcher: ignoring SDK hyperparameters: "
-              f"{', '.join(plan.ignored_hyperparameters)}", flush=True)
+        print(
+            f"launcher: ignoring SDK hyperparameters: {', '.join(plan.ignored_hyperparameters)}",
+            flush=True,
+        )
     if plan.batches:
         print(f"launcher: {plan.batches.derivation()}", flush=True)
     if cluster.is_leader:
@@ -208,9 +248,12 @@ def log_plan(plan: LaunchPlan) -> None:
         print(f"launcher: running: {shlex.join(plan.data_command)}", flush=True)
 
 
-def supervise(plan: LaunchPlan, paths: MlPaths,
-              root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome,
-              abort: threading.Event | None = None) -> Outcome:
+def supervise(
+    plan: LaunchPlan,
+    paths: MlPaths,
+    root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome,
+    abort: threading.Event | None = None,
+) -> Outcome:
     """Run the plan's mpirun under the stop signals and the progress watchdog, again after a
     failure while `max_restarts` allows (container.restarts); `root_cause` names what made
     an attempt fail (on the leader of several hosts: a lost worker or a data host's failure,
@@ -218,22 +261,36 @@ def supervise(plan: LaunchPlan, paths: MlPaths,
     cluster = plan.cluster
 
     def attempt() -> Outcome:
-        watch = ProgressWatch.of(plan.launch, bool(plan.job.program), cluster.host_of_rank,
-                                 cluster.world_size, plan.stall_check)
-        return root_cause(run_supervised(list(plan.mpirun), grace=plan.launch.stop_grace,
-                                         host_of_rank=cluster.host_of_rank, watch=watch,
-                                         abort=abort, checkpoint_dir=paths.checkpoint_dir))
+        watch = ProgressWatch.of(
+            plan.launch,
+            bool(plan.job.program),
+            cluster.host_of_rank,
+            cluster.world_size,
+            plan.stall_check,
+        )
+        return root_cause(
+            run_supervised(
+                list(plan.mpirun),
+                grace=plan.launch.stop_grace,
+                host_of_rank=cluster.host_of_rank,
+                watch=watch,
+                abort=abort,
+                checkpoint_dir=paths.checkpoint_dir,
+            )
+        )
 
-    return run_with_restarts(attempt, plan.launch.max_restarts, paths.checkpoint_dir,
-                             paths.output_data_dir)
+    return run_with_restarts(
+        attempt, plan.launch.max_restarts, paths.checkpoint_dir, paths.output_data_dir
+    )
 
 
 def execute(plan: LaunchPlan, runtime: Path, paths: MlPaths) -> Outcome:
     cluster = plan.cluster
     if not cluster.multi_host and not cluster.data_hosts:
         return supervise(plan, paths)
-    network.wait_resolvable([*cluster.hosts, *cluster.data_hosts], cluster.leader,
-                            plan.launch.host_timeout)
+    network.wait_resolvable(
+        [*cluster.hosts, *cluster.data_hosts], cluster.leader, plan.launch.host_timeout
+    )
     if cluster.is_data_host:
         return run_data_host(plan)
     files = sshd.make_runtime(runtime)
@@ -244,24 +301,33 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
     cluster, launch = plan.cluster, plan.launch
     public_key = sshd.make_client_key(files)
     address = network.address_of(cluster.current_host)
-    coordinator = Leader(address=address, port=launch.coordinator_port,
-                         workers=list(cluster.workers), public_key=public_key,
-                         heartbeat_timeout=launch.heartbeat_timeout,
-                         data_hosts=cluster.data_hosts)
+    coordinator = Leader(
+        address=address,
+        port=launch.coordinator_port,
+        workers=list(cluster.workers),
+        public_key=public_key,
+        heartbeat_timeout=launch.heartbeat_timeout,
+        data_hosts=cluster.data_hosts,
+    )
     own_sshd = None
     try:
         if cluster.multi_host:  # ranks on other hosts: mpirun reaches them over ssh
             own_sshd, own_host_key = sshd.start_sshd(
-                files, address=address, port=launch.sshd_port, authorized_key=public_key)
+                files, address=address, port=launch.sshd_port, authorized_key=public_key
+            )
         host_keys = coordinator.wait_ready(launch.host_timeout)
         if cluster.multi_host:
             host_keys[cluster.current_host] = own_host_key
-            files.known_hosts.write_text("".join(
-                sshd.known_hosts_line(host, launch.sshd_port, key)
-                for host, key in host_keys.items()))
+            files.known_hosts.write_text(
+                "".join(
+                    sshd.known_hosts_line(host, launch.sshd_port, key)
+                    for host, key in host_keys.items()
+                )
+            )
             addresses = {**coordinator.addresses, cluster.current_host: address}
-            files.client_config.write_text(sshd.client_config(
-                {host: addresses[host] for host in host_keys}, launch.sshd_port))
+            files.client_config.write_text(
+                sshd.client_config({host: addresses[host] for host in host_keys}, launch.sshd_port)
+            )
             network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         hosts = len(cluster.hosts) + len(cluster.data_hosts)
         print(f"launcher: all {hosts} hosts ready", flush=True)
@@ -284,26 +350,35 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
 
     def prepare(public_key: str) -> str:
         process, host_key = sshd.start_sshd(
-            files, address=address, port=launch.sshd_port, authorized_key=public_key)
+            files, address=address, port=launch.sshd_port, authorized_key=public_key
+        )
         started.append(process)
         return host_key
 
     # The leader stops the job on SIGTERM; this host must keep its ranks alive meanwhile.
-    previous = signal.signal(signal.SIGTERM, lambda *_: print(
-        "launcher: SIGTERM received; the leader is stopping the job", flush=True))
+    previous = signal.signal(
+        signal.SIGTERM,
+        lambda *_: print("launcher: SIGTERM received; the leader is stopping the job", flush=True),
+    )
     adopt_orphans()  # what a rank leaves here outlives the MPI daemon that started it
     try:
         outcome = follow_leader(
-            cluster.leader, launch.coordinator_port, cluster.current_host, address=address,
-            leader_timeout=launch.leader_timeout, heartbeat_timeout=launch.heartbeat_timeout,
-            on_key=prepare)
+            cluster.leader,
+            launch.coordinator_port,
+            cluster.current_host,
+            address=address,
+            leader_timeout=launch.leader_timeout,
+            heartbeat_timeout=launch.heartbeat_timeout,
+            on_key=prepare,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
         for process in started:
             sshd.stop(process)
         end_descendants("every process the job left on this host", "the job has ended")
-    print(f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}",
-          flush=True)
+    print(
+        f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}", flush=True
+    )
     return relayed(outcome, cluster.current_host, cluster.leader)
 
 

@@ -53,8 +53,11 @@ MAX_LINKS = 40  # as many links as the kernel follows in one path before ELOOP
 # few hundred bytes, PATH_MAX is 4096.
 MAX_HEADER_BYTES = 1024 * 1024
 
-SPECIAL_KINDS = {tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device",
-                 tarfile.FIFOTYPE: "FIFO"}
+SPECIAL_KINDS = {
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "FIFO",
+}
 
 
 class RefusedMember(Exception):
@@ -85,13 +88,21 @@ class BoundedHeaders(tarfile.TarInfo):
 
     def _proc_member(self, tar):
         if self.type in EXTENDED_HEADERS and self.size > MAX_HEADER_BYTES:
-            raise TooLarge(self.name, f"is an extended header of {self.size} bytes, more than "
-                           f"the {MAX_HEADER_BYTES} any real archive needs")
+            raise TooLarge(
+                self.name,
+                f"is an extended header of {self.size} bytes, more than "
+                f"the {MAX_HEADER_BYTES} any real archive needs",
+            )
         return super()._proc_member(tar)
 
 
-EXTENDED_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
-                    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+EXTENDED_HEADERS = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 
 
 def open_archive(archive: Path) -> tarfile.TarFile:
@@ -131,13 +142,18 @@ def extract(archive: Path, destination: Path, max_bytes: int) -> None:
             if member.isreg():
                 written += member.size
                 if written > max_bytes:
-                    raise TooLarge(member.name, f"is {member.size} bytes unpacked, which takes "
-                                   f"the archive's files past the limit of {max_bytes} bytes")
+                    raise TooLarge(
+                        member.name,
+                        f"is {member.size} bytes unpacked, which takes "
+                        f"the archive's files past the limit of {max_bytes} bytes",
+                    )
             try:
                 path = place(tar, member, root)
             except (OSError, OverflowError, ValueError) as error:  # Overflow: time_t range
-                raise RefusedMember(member.name, "cannot be followed or written: "
-                                    f"{getattr(error, 'strerror', None) or error}") from None
+                raise RefusedMember(
+                    member.name,
+                    f"cannot be followed or written: {getattr(error, 'strerror', None) or error}",
+                ) from None
             if member.issym():
                 links.append((member.name, path))
     for name, path in links:
@@ -146,8 +162,11 @@ def extract(archive: Path, destination: Path, max_bytes: int) -> None:
         except OSError as error:
             raise RefusedMember(name, f"cannot be followed: {error.strerror}") from None
         if not inside(target, root):
-            raise RefusedMember(name, "is a symbolic link that leads outside the folder, to "
-                                f"{shown(target, root)}, once the members after it are unpacked")
+            raise RefusedMember(
+                name,
+                "is a symbolic link that leads outside the folder, to "
+                f"{shown(target, root)}, once the members after it are unpacked",
+            )
 
 
 def check_fields(member: tarfile.TarInfo) -> None:
@@ -155,19 +174,22 @@ def check_fields(member: tarfile.TarInfo) -> None:
     the name or link (the kernel's names end at one) or a time that is not a number."""
     for field, value in (("name", member.name), ("link target", member.linkname)):
         if "\0" in value:
-            raise RefusedMember(member.name, f"has a NUL byte in its {field}; names and links "
-                                "cannot hold one")
+            raise RefusedMember(
+                member.name, f"has a NUL byte in its {field}; names and links cannot hold one"
+            )
     if isinstance(member.mtime, float) and not math.isfinite(member.mtime):
-        raise RefusedMember(member.name, f"has the modification time {member.mtime!r}, which "
-                            "is not a time")
+        raise RefusedMember(
+            member.name, f"has the modification time {member.mtime!r}, which is not a time"
+        )
 
 
 def place(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> str:
     """Check one member against the disk and write it under `root`; returns its path."""
     name = member.name
     if name.startswith("/"):
-        raise RefusedMember(name, "has an absolute name; name members relative to the "
-                            "archive's folder")
+        raise RefusedMember(
+            name, "has an absolute name; name members relative to the archive's folder"
+        )
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         kind = SPECIAL_KINDS.get(member.type, f"member of tar type {member.type!r}")
         raise RefusedMember(name, f"is a {kind}; only files, folders and links can be unpacked")
@@ -175,8 +197,9 @@ def place(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> str:
         path = resolve(root, name)
         refuse_outside(name, path, root)
         if os.path.lexists(path) and not os.path.isdir(path):
-            raise RefusedMember(name, "is a folder where a file of that name was unpacked "
-                                "before it")
+            raise RefusedMember(
+                name, "is a folder where a file of that name was unpacked before it"
+            )
         os.makedirs(path, exist_ok=True)
         return path
     parent, _, base = name.rstrip("/").rpartition("/")
@@ -207,15 +230,23 @@ def link_source(member: tarfile.TarInfo, folder: str, root: str) -> str | None:
         return None
     kind = "symbolic" if member.issym() else "hard"
     if member.linkname.startswith("/"):
-        raise RefusedMember(member.name, f"is a {kind} link to the absolute path "
-                            f"{member.linkname!r}; links must be relative and stay inside")
+        raise RefusedMember(
+            member.name,
+            f"is a {kind} link to the absolute path "
+            f"{member.linkname!r}; links must be relative and stay inside",
+        )
     source = resolve(folder if member.issym() else root, member.linkname)
     if not inside(source, root):
-        raise RefusedMember(member.name, f"is a {kind} link to {member.linkname!r}, which "
-                            f"leads outside the folder, to {shown(source, root)}")
+        raise RefusedMember(
+            member.name,
+            f"is a {kind} link to {member.linkname!r}, which "
+            f"leads outside the folder, to {shown(source, root)}",
+        )
     if member.islnk() and not os.path.isfile(source):
-        raise RefusedMember(member.name, f"is a hard link to {member.linkname!r}, which is "
-                            "not a file unpacked before it")
+        raise RefusedMember(
+            member.name,
+            f"is a hard link to {member.linkname!r}, which is not a file unpacked before it",
+        )
     return source
 
 

@@ -87,13 +87,25 @@ class ProgressWatch:
         self.started = self.clock()
 
     @classmethod
-    def of(cls, launch: LaunchConfig, script_mode: bool, host_of_rank: Callable[[int], str],
-           world_size: int, straggler_timeout: float | None = None) -> ProgressWatch | None:
+    def of(
+        cls,
+        launch: LaunchConfig,
+        script_mode: bool,
+        host_of_rank: Callable[[int], str],
+        world_size: int,
+        straggler_timeout: float | None = None,
+    ) -> ProgressWatch | None:
         """The job's watch; None when `progress_timeout` is 0 (the watchdog is off)."""
         if not launch.progress_timeout:
             return None
-        return cls(launch.progress_timeout, launch.first_progress_timeout, script_mode,
-                   host_of_rank, world_size, straggler_timeout)
+        return cls(
+            launch.progress_timeout,
+            launch.first_progress_timeout,
+            script_mode,
+            host_of_rank,
+            world_size,
+            straggler_timeout,
+        )
 
     def observe(self, line: str) -> bool:
         """Take one whole line of mpirun's output; True when it is a progress or activity line,
@@ -181,22 +193,29 @@ class ProgressWatch:
             done = f"last finished step {step}" if step is not None else "finished no step"
             if rank in self.io_waits:
                 kind, since = self.io_waits[rank]
-                done += (f", waiting on the {kind} for {self.clock() - since:.0f} s (a wait on "
-                         f"I/O counts as work for {IO_WAIT_LIMIT:g} s)")
+                done += (
+                    f", waiting on the {kind} for {self.clock() - since:.0f} s (a wait on "
+                    f"I/O counts as work for {IO_WAIT_LIMIT:g} s)"
+                )
             groups.setdefault(f"{done}, {where(self.stacks.get(rank, []))}", []).append(rank)
-        ranks = "; ".join(f"{_ranks(members, self.host_of_rank)} {state}"
-                          for state, members in groups.items())
+        ranks = "; ".join(
+            f"{_ranks(members, self.host_of_rank)} {state}" for state, members in groups.items()
+        )
         horovod = f". Horovod's stall check: {'; '.join(self.missing)}" if self.missing else ""
         if self.stragglers:
             whom = _ranks(self.stragglers, self.host_of_rank)
-            return (f"{whom} did nothing for {self.silence or 0:.0f} s while the other ranks "
-                    f"waited for {'it' if len(self.stragglers) == 1 else 'them'} in a "
-                    f"collective (Horovod's stall check, every {self.straggler_timeout:g} s): "
-                    f"{ranks}{horovod}. Every rank's Python stack is in the log")
+            return (
+                f"{whom} did nothing for {self.silence or 0:.0f} s while the other ranks "
+                f"waited for {'it' if len(self.stragglers) == 1 else 'them'} in a "
+                f"collective (Horovod's stall check, every {self.straggler_timeout:g} s): "
+                f"{ranks}{horovod}. Every rank's Python stack is in the log"
+            )
         limit, limit_value = self._limit()
         before = "" if self.last_progress is not None else " (none since the start)"
-        return (f"no progress for {self.silence or 0:.0f} s ({limit} {limit_value:g} s)"
-                f"{before}: {ranks}{horovod}. Every rank's Python stack is in the log")
+        return (
+            f"no progress for {self.silence or 0:.0f} s ({limit} {limit_value:g} s)"
+            f"{before}: {ranks}{horovod}. Every rank's Python stack is in the log"
+        )
 
 
 def _ranks(members: list[int], host_of_rank: Callable[[int], str]) -> str:
@@ -214,15 +233,24 @@ def where(stack: list[str]) -> str:
             blocks.append([])
         elif blocks and (frame := _FRAME.match(line)):
             blocks[-1].append(frame)
-    main = [block for block in blocks  # the outermost frame of the main thread
-            if block and block[-1]["function"] in ("<module>", "_run_module_as_main")]
+    main = [
+        block
+        for block in blocks  # the outermost frame of the main thread
+        if block and block[-1]["function"] in ("<module>", "_run_module_as_main")
+    ]
     frames = main[0] if main else (blocks[0] if blocks and blocks[0] else None)
     if frames is None:
         return "gave no stack (stopped, or stuck outside Python)"
     inner = frames[0]
     text = f"in {inner['function']} ({Path(inner['file']).name}:{inner['line']})"
-    own = next((frame for frame in frames if not frame["file"].startswith(LIBRARY_PATHS)
-                and not frame["file"].startswith("<")), None)
+    own = next(
+        (
+            frame
+            for frame in frames
+            if not frame["file"].startswith(LIBRARY_PATHS) and not frame["file"].startswith("<")
+        ),
+        None,
+    )
     if own is not None and own is not inner:
         text += f" from {Path(own['file']).name}:{own['line']}"
     return text

@@ -31,15 +31,24 @@ class BatchPlan:
 
     def derivation(self) -> str:
         """One line a person can check by hand."""
-        return (f"global batch {self.global_batch} = {self.world_size} device(s) x "
-                f"{self.accumulation_steps} accumulated micro-batch(es) x {self.micro_batch}; "
-                f"learning rate {self.base_learning_rate:g} x {self.global_batch}/"
-                f"base batch = {self.learning_rate:g}")
+        return (
+            f"global batch {self.global_batch} = {self.world_size} device(s) x "
+            f"{self.accumulation_steps} accumulated micro-batch(es) x {self.micro_batch}; "
+            f"learning rate {self.base_learning_rate:g} x {self.global_batch}/"
+            f"base batch = {self.learning_rate:g}"
+        )
 
 
-def plan_batches(*, world_size: int, global_batch_size: int, per_device_batch_size: int,
-                 max_device_batch_size: int, learning_rate: float, base_batch_size: int,
-                 scale_learning_rate: bool) -> BatchPlan:
+def plan_batches(
+    *,
+    world_size: int,
+    global_batch_size: int,
+    per_device_batch_size: int,
+    max_device_batch_size: int,
+    learning_rate: float,
+    base_batch_size: int,
+    scale_learning_rate: bool,
+) -> BatchPlan:
     """Derive the per-device work of one optimizer step; ConfigError when impossible."""
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
@@ -49,13 +58,19 @@ def plan_batches(*, world_size: int, global_batch_size: int, per_device_batch_si
         raise ConfigError(
             f"global_batch_size={global_batch} cannot be split evenly over {world_size} "
             f"devices; use a multiple of {world_size}, e.g. {lower or world_size} or "
-            f"{lower + world_size}")
+            f"{lower + world_size}"
+        )
     per_device = global_batch // world_size
     accumulation = math.ceil(per_device / max_device_batch_size)
     while per_device % accumulation:
         accumulation += 1
     scale = global_batch / base_batch_size if scale_learning_rate else 1.0
-    return BatchPlan(world_size=world_size, global_batch=global_batch,
-                     per_device_batch=per_device, micro_batch=per_device // accumulation,
-                     accumulation_steps=accumulation, base_learning_rate=learning_rate,
-                     learning_rate=learning_rate * scale)
+    return BatchPlan(
+        world_size=world_size,
+        global_batch=global_batch,
+        per_device_batch=per_device,
+        micro_batch=per_device // accumulation,
+        accumulation_steps=accumulation,
+        base_learning_rate=learning_rate,
+        learning_rate=learning_rate * scale,
+    )

@@ -38,8 +38,10 @@ def complete(directory: Path) -> list[Path]:
     """Folders with a state file, oldest first."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir()
-                   if is_checkpoint_name(p.name) and (p / STATE).is_file()), key=order)
+    return sorted(
+        (p for p in directory.iterdir() if is_checkpoint_name(p.name) and (p / STATE).is_file()),
+        key=order,
+    )
 
 
 def read_state(folder: Path) -> dict:
@@ -50,8 +52,11 @@ def read_state(folder: Path) -> dict:
     return state
 
 
-def newest_usable(directory: Path, restore: Callable[[Path], None] = lambda folder: None,
-                  log: Callable[[str], None] = lambda line: None) -> tuple[Path, dict] | None:
+def newest_usable(
+    directory: Path,
+    restore: Callable[[Path], None] = lambda folder: None,
+    log: Callable[[str], None] = lambda line: None,
+) -> tuple[Path, dict] | None:
     """The newest checkpoint whose state reads and that `restore` (which raises when the
     variables do not read back) accepts, as (folder, state); None if none.
 
@@ -68,6 +73,8 @@ def newest_usable(directory: Path, restore: Callable[[Path], None] = lambda fold
         except Exception as error:  # TensorFlow reports a torn file as IndexError,
             # DataLossError, NotFoundError or AssertionError, depending on what is missing
             reason = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
-            log(f"skipped checkpoint {folder}, it cannot be read back ({reason}); "
-                f"trying an older one")
+            log(
+                f"skipped checkpoint {folder}, it cannot be read back ({reason}); "
+                f"trying an older one"
+            )
     return None

@@ -18,17 +18,21 @@ HINT_LIMIT = 240  # bytes of a hint
 KERAS3_UNDER_MWMS = (
     "Keras 3 cannot train under MultiWorkerMirroredStrategy: use tf_keras with it (`tf.keras` "
     "with TF_USE_LEGACY_KERAS=1, the default), or Keras 3 on JAX (KERAS_BACKEND=jax) with "
-    "keras.distribution.initialize() and no strategy")
+    "keras.distribution.initialize() and no strategy"
+)
 NO_HOROVOD = (
     "Horovod is only in the default image (`make build`, TensorFlow 2.15); on this TensorFlow "
     "2.21 image synchronise with tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG is set "
-    "for every rank)")
+    "for every rank)"
+)
 OUT_OF_MEMORY = (
     "out of device memory: lower per_device_batch_size (or your script's batch per device), "
-    "or set max_device_batch_size to accumulate gradients over smaller micro-batches")
+    "or set max_device_batch_size to accumulate gradients over smaller micro-batches"
+)
 NO_JAX = (
     "Keras 3 across hosts needs the JAX backend, which is in the TensorFlow 2.21 image "
-    "(`make build-tf`); there keras.distribution.initialize() finds every process by itself")
+    "(`make build-tf`); there keras.distribution.initialize() finds every process by itself"
+)
 
 # (pattern searched in "ExceptionType: message", hint); the first match wins.
 HINTS: tuple[tuple[re.Pattern[str], str], ...] = (

@@ -30,12 +30,26 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def hp(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-       choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = ()) -> Any:
+def hp(
+    default: Any,
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Any:
     """Declare a hyperparameter field: its default, meaning, allowed values and other names."""
-    return dataclasses.field(default=default, metadata={
-        "help": help, "minimum": minimum, "maximum": maximum, "choices": choices,
-        "aliases": aliases})
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "help": help,
+            "minimum": minimum,
+            "maximum": maximum,
+            "choices": choices,
+            "aliases": aliases,
+        },
+    )
 
 
 def encode(value: Any) -> str:
@@ -86,11 +100,14 @@ def _allowed(field: dataclasses.Field, kind: type) -> str:
         return "one of " + ", ".join(meta["choices"])
     if kind is bool:
         return "true or false"
-    bounds = [f">= {meta['minimum']}" if meta["minimum"] is not None else "",
-              f"<= {meta['maximum']}" if meta["maximum"] is not None else ""]
+    bounds = [
+        f">= {meta['minimum']}" if meta["minimum"] is not None else "",
+        f"<= {meta['maximum']}" if meta["maximum"] is not None else "",
+    ]
     text = " and ".join(b for b in bounds if b)
     return f"{'an integer' if kind is int else 'a number' if kind is float else 'a string'}" + (
-        f" {text}" if text else "")
+        f" {text}" if text else ""
+    )
 
 
 def coerce(field: dataclasses.Field, kind: type, raw: Any) -> Any:
@@ -124,7 +141,8 @@ def coerce(field: dataclasses.Field, kind: type, raw: Any) -> Any:
             raise ConfigError(problem)
     meta = field.metadata
     if (meta["minimum"] is not None and value < meta["minimum"]) or (
-            meta["maximum"] is not None and value > meta["maximum"]):
+        meta["maximum"] is not None and value > meta["maximum"]
+    ):
         raise ConfigError(problem)
     return value
 
@@ -155,13 +173,15 @@ def parse(cls: type[T], raw: Mapping[str, Any], *, allow_unknown: bool = False) 
                 if field.name in values and values[field.name] != value:
                     raise ConfigError(
                         f"hyperparameters {field.name} and its alias {name} disagree: "
-                        f"{values[field.name]!r} vs {value!r}; give only one of them")
+                        f"{values[field.name]!r} vs {value!r}; give only one of them"
+                    )
                 values[field.name] = value
     unknown = {k: v for k, v in raw.items() if k not in known}
     if unknown and not allow_unknown:
         raise ConfigError(
             f"unknown hyperparameter(s) {', '.join(sorted(unknown))}; valid names are: "
-            f"{', '.join(sorted(f.name for f, _ in _fields(cls)))}")
+            f"{', '.join(sorted(f.name for f, _ in _fields(cls)))}"
+        )
     try:
         return cls(**values), unknown
     except ValueError as error:
@@ -170,8 +190,16 @@ def parse(cls: type[T], raw: Mapping[str, Any], *, allow_unknown: bool = False) 
 
 def describe(cls: type) -> list[dict[str, Any]]:
     """The declared hyperparameters as plain data (name, type, default, range, help)."""
-    return [{"name": f.name, "type": kind.__name__, "default": f.default,
-             "minimum": f.metadata["minimum"], "maximum": f.metadata["maximum"],
-             "choices": list(f.metadata["choices"]) if f.metadata["choices"] else None,
-             "aliases": list(f.metadata["aliases"]), "help": f.metadata["help"]}
-            for f, kind in _fields(cls)]
+    return [
+        {
+            "name": f.name,
+            "type": kind.__name__,
+            "default": f.default,
+            "minimum": f.metadata["minimum"],
+            "maximum": f.metadata["maximum"],
+            "choices": list(f.metadata["choices"]) if f.metadata["choices"] else None,
+            "aliases": list(f.metadata["aliases"]),
+            "help": f.metadata["help"],
+        }
+        for f, kind in _fields(cls)
+    ]

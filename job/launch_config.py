@@ -33,86 +33,143 @@ class LaunchConfig:
     """Cluster formation settings, each a hyperparameter of the job."""
 
     processes_per_host: int = hp(
-        0, "Ranks per host; 0 = one per visible GPU, or 1 on CPU-only hosts.",
-        minimum=0, maximum=1024, aliases=("sagemaker_mpi_num_of_processes_per_host",))
+        0,
+        "Ranks per host; 0 = one per visible GPU, or 1 on CPU-only hosts.",
+        minimum=0,
+        maximum=1024,
+        aliases=("sagemaker_mpi_num_of_processes_per_host",),
+    )
     mpi_options: str = hp(
-        "", "Extra mpirun options, e.g. \"-x NCCL_DEBUG=WARN -mca btl_tcp_if_include eth1\"; "
+        "",
+        'Extra mpirun options, e.g. "-x NCCL_DEBUG=WARN -mca btl_tcp_if_include eth1"; '
         "an option given here replaces the launcher's default for the same key.",
-        aliases=("sagemaker_mpi_custom_mpi_options",))
+        aliases=("sagemaker_mpi_custom_mpi_options",),
+    )
     program: str = hp(
-        "", "Script mode: a Python file under /opt/ml/code to run on every rank instead of "
+        "",
+        "Script mode: a Python file under /opt/ml/code to run on every rank instead of "
         "the built-in trainer (also read from SAGEMAKER_PROGRAM).",
-        aliases=("sagemaker_program",))
+        aliases=("sagemaker_program",),
+    )
     submit_directory: str = hp(
-        "", "The SDK's source_dir: an s3:// or file:// URI or a path of a .tar.gz or a folder, "
+        "",
+        "The SDK's source_dir: an s3:// or file:// URI or a path of a .tar.gz or a folder, "
         "unpacked into /opt/ml/code on every host (its requirements.txt installed) before any "
         "rank starts (also read from SAGEMAKER_SUBMIT_DIRECTORY).",
-        aliases=("sagemaker_submit_directory",))
+        aliases=("sagemaker_submit_directory",),
+    )
     submit_directory_max_mb: int = hp(
-        0, "The most megabytes (MiB) the submit directory's archive may unpack to; the member "
+        0,
+        "The most megabytes (MiB) the submit directory's archive may unpack to; the member "
         "that would pass it stops the job before it is written. 0 = half the space free on the "
-        "code folder's disk.", minimum=0, maximum=10_000_000)
+        "code folder's disk.",
+        minimum=0,
+        maximum=10_000_000,
+    )
     host_timeout: float = hp(
-        600.0, "Seconds for every host name to resolve and every worker to become ready; "
-        "then the job fails naming the hosts that never answered.", minimum=1.0,
-        maximum=86400.0)
+        600.0,
+        "Seconds for every host name to resolve and every worker to become ready; "
+        "then the job fails naming the hosts that never answered.",
+        minimum=1.0,
+        maximum=86400.0,
+    )
     leader_timeout: float = hp(
-        900.0, "Seconds a worker waits for the leader to answer at start before failing.",
-        minimum=1.0, maximum=86400.0)
+        900.0,
+        "Seconds a worker waits for the leader to answer at start before failing.",
+        minimum=1.0,
+        maximum=86400.0,
+    )
     heartbeat_timeout: float = hp(
-        30.0, "Seconds of silence after which a worker gives up on its leader, or the leader "
+        30.0,
+        "Seconds of silence after which a worker gives up on its leader, or the leader "
         "on a worker that is not yet ready.",
-        minimum=2.0, maximum=3600.0)
+        minimum=2.0,
+        maximum=3600.0,
+    )
     stop_grace: float = hp(
-        90.0, "Seconds between SIGTERM and forcing the ranks down; the trainer saves a "
+        90.0,
+        "Seconds between SIGTERM and forcing the ranks down; the trainer saves a "
         "checkpoint in that time. SageMaker kills everything 120 s after SIGTERM.",
-        minimum=1.0, maximum=3600.0)
+        minimum=1.0,
+        maximum=3600.0,
+    )
     max_restarts: int = hp(
-        0, "Times the leader runs every rank on every host again after a rank failed or the "
+        0,
+        "Times the leader runs every rank on every host again after a rank failed or the "
         "job hung; each run resumes from the newest checkpoint. Never after a configuration or "
         "data error (exit 2), a stop (143) or a lost host (3), nor after the same failure twice "
-        "with no newer checkpoint. 0: a failure ends the job.", minimum=0, maximum=100)
+        "with no newer checkpoint. 0: a failure ends the job.",
+        minimum=0,
+        maximum=100,
+    )
     progress_timeout: float = hp(
-        300.0, "Seconds in which no rank made progress (an optimizer step; in script mode a "
+        300.0,
+        "Seconds in which no rank made progress (an optimizer step; in script mode a "
         "line on stdout or distributed.heartbeat()) or used the CPU, after which the job fails "
         "as hung (exit code 4), with every rank's Python stack in the log; at least "
         f"{MIN_PROGRESS_TIMEOUT:g} (a healthy rank may sit idle up to {QUIET_END:g} s as "
-        "Keras's fit returns); 0 turns the watchdog off.", minimum=0.0, maximum=604800.0)
+        "Keras's fit returns); 0 turns the watchdog off.",
+        minimum=0.0,
+        maximum=604800.0,
+    )
     first_progress_timeout: float = hp(
-        1800.0, "The same allowance before the first progress (a download that does not use "
+        1800.0,
+        "The same allowance before the first progress (a download that does not use "
         "the CPU); a rank the others wait for in a collective is named sooner, after "
-        "Horovod's stall check.", minimum=MIN_PROGRESS_TIMEOUT, maximum=604800.0)
+        "Horovod's stall check.",
+        minimum=MIN_PROGRESS_TIMEOUT,
+        maximum=604800.0,
+    )
     mpi_enabled: bool = hp(
-        False, "Ranks synchronise with Horovod over mpirun (the SDK's distribution={\"mpi\": "
-        "{\"enabled\": True}}); needs the Horovod image.", aliases=("sagemaker_mpi_enabled",))
+        False,
+        'Ranks synchronise with Horovod over mpirun (the SDK\'s distribution={"mpi": '
+        '{"enabled": True}}); needs the Horovod image.',
+        aliases=("sagemaker_mpi_enabled",),
+    )
     multi_worker_mirrored_strategy: bool = hp(
-        False, "Ranks synchronise with TensorFlow's MultiWorkerMirroredStrategy, each told its "
-        "place in TF_CONFIG (the SDK's distribution={\"multi_worker_mirrored_strategy\": "
-        "{\"enabled\": True}}); needs the TensorFlow 2.21 image. Neither set: the image's own.",
-        aliases=("sagemaker_multi_worker_mirrored_strategy_enabled",))
+        False,
+        "Ranks synchronise with TensorFlow's MultiWorkerMirroredStrategy, each told its "
+        'place in TF_CONFIG (the SDK\'s distribution={"multi_worker_mirrored_strategy": '
+        '{"enabled": True}}); needs the TensorFlow 2.21 image. Neither set: the image\'s own.',
+        aliases=("sagemaker_multi_worker_mirrored_strategy_enabled",),
+    )
     tf_worker_port: int = hp(
-        8890, "MultiWorkerMirroredStrategy: the port of a host's TensorFlow worker (AWS's "
+        8890,
+        "MultiWorkerMirroredStrategy: the port of a host's TensorFlow worker (AWS's "
         "TensorFlow containers use 8890); a host's further workers take the next ports.",
-        minimum=1, maximum=65000)
+        minimum=1,
+        maximum=65000,
+    )
     distribution_port: int = hp(
-        7777, "Port on the leader where every process of the job meets to start Keras 3's "
+        7777,
+        "Port on the leader where every process of the job meets to start Keras 3's "
         "keras.distribution (JAX's coordinator; KERAS_DISTRIBUTION_JOB_ADDRESSES, "
-        "JAX_COORDINATOR_ADDRESS); also SM_MASTER_PORT.", minimum=1, maximum=65535)
+        "JAX_COORDINATOR_ADDRESS); also SM_MASTER_PORT.",
+        minimum=1,
+        maximum=65535,
+    )
     distribution_instance_groups: str = hp(
-        "", "Heterogeneous clusters: the instance groups whose hosts run the ranks, as a JSON "
-        "list or comma-separated names (the SDK's distribution={..., \"instance_groups\": "
+        "",
+        "Heterogeneous clusters: the instance groups whose hosts run the ranks, as a JSON "
+        'list or comma-separated names (the SDK\'s distribution={..., "instance_groups": '
         "[...]}); the other groups' hosts run the script on their own. Empty: the job's one "
         "group (a job of several groups must name them).",
-        aliases=("sagemaker_distribution_instance_groups",))
+        aliases=("sagemaker_distribution_instance_groups",),
+    )
     data_service_port: int = hp(
-        6000, "Heterogeneous clusters, built-in trainer: the port of the tf.data service "
+        6000,
+        "Heterogeneous clusters, built-in trainer: the port of the tf.data service "
         "dispatcher on the first data host; every data host's worker takes the next port.",
-        minimum=1, maximum=65534)
-    sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1,
-                        maximum=65535)
+        minimum=1,
+        maximum=65534,
+    )
+    sshd_port: int = hp(22, "Port of the job's own sshd on every host.", minimum=1, maximum=65535)
     coordinator_port: int = hp(
-        29499, "Port on the leader where workers learn the job's SSH key and its outcome.",
-        minimum=1, maximum=65535)
+        29499,
+        "Port on the leader where workers learn the job's SSH key and its outcome.",
+        minimum=1,
+        maximum=65535,
+    )
 
     def __post_init__(self) -> None:
         """Refuses a watchdog allowance that would end a healthy job as hung (job.hyperparameters
@@ -123,11 +180,13 @@ class LaunchConfig:
                 f"healthy rank may sit idle up to {QUIET_END:g} s (as Keras's fit returns, "
                 f"tf.data's autotuning winds down), which the watchdog would end as hung; set "
                 f"it to {MIN_PROGRESS_TIMEOUT:g} or more (the minimum), or 0 to turn the "
-                "watchdog off")
+                "watchdog off"
+            )
 
 
-def split_hyperparameters(raw: Mapping[str, Any]) -> tuple[LaunchConfig, dict[str, Any],
-                                                           tuple[str, ...]]:
+def split_hyperparameters(
+    raw: Mapping[str, Any],
+) -> tuple[LaunchConfig, dict[str, Any], tuple[str, ...]]:
     """(the launcher's settings, the user's hyperparameters, the ignored SDK keys)."""
     launch, rest = parse(LaunchConfig, raw, allow_unknown=True)
     ignored = tuple(sorted(k for k in rest if k.startswith(SDK_PREFIX)))

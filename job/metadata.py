@@ -42,7 +42,9 @@ class ModelMetadata:
 
     model_path: str = SAVEDMODEL_PATH
     input_shape: tuple[int, ...] | None = None
-    classes: tuple[Any, ...] | None = None  # None: not a classifier, outputs are returned as they are
+    classes: tuple[Any, ...] | None = (
+        None  # None: not a classifier, outputs are returned as they are
+    )
     info: dict[str, Any] = field(default_factory=dict)  # informational keys, e.g. final_metrics
 
     def to_json(self) -> dict[str, Any]:
@@ -52,8 +54,9 @@ class ModelMetadata:
         if self.classes is None:
             document["task"] = "regression"
         else:
-            document.update(task="classification", classes=list(self.classes),
-                            output="probabilities")
+            document.update(
+                task="classification", classes=list(self.classes), output="probabilities"
+            )
         return {**document, **{k: v for k, v in self.info.items() if k not in _KNOWN}}
 
     def write(self, model_dir: Path) -> Path:
@@ -77,23 +80,35 @@ class ModelMetadata:
         if not isinstance(document, dict):
             raise ModelLoadError(f"{path} must hold a JSON object, got {type(document).__name__}")
         if document.get("format", FORMAT) != FORMAT:
-            raise ModelLoadError(f"{METADATA_FILE}: format {document.get('format')!r} is not "
-                                 f"supported; expected {FORMAT!r}")
+            raise ModelLoadError(
+                f"{METADATA_FILE}: format {document.get('format')!r} is not "
+                f"supported; expected {FORMAT!r}"
+            )
         model_path = document.get("model_path", "model")
         if not isinstance(model_path, str) or not model_path:
-            raise ModelLoadError(f"{METADATA_FILE}: model_path must be a path relative to "
-                                 f"{model_dir}, got {model_path!r}")
+            raise ModelLoadError(
+                f"{METADATA_FILE}: model_path must be a path relative to "
+                f"{model_dir}, got {model_path!r}"
+            )
         shape = document.get("input_shape")
-        return cls(model_path=model_path, input_shape=None if shape is None else _shape(shape),
-                   classes=_classes(document),
-                   info={k: v for k, v in document.items() if k not in _KNOWN})
+        return cls(
+            model_path=model_path,
+            input_shape=None if shape is None else _shape(shape),
+            classes=_classes(document),
+            info={k: v for k, v in document.items() if k not in _KNOWN},
+        )
 
 
 def _shape(value: Any) -> tuple[int, ...]:
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)):
-        raise ModelLoadError(f"{METADATA_FILE}: input_shape must be a non-empty list of "
-                             f"positive integers (one instance, no batch dimension), got {value!r}")
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)
+    ):
+        raise ModelLoadError(
+            f"{METADATA_FILE}: input_shape must be a non-empty list of "
+            f"positive integers (one instance, no batch dimension), got {value!r}"
+        )
     return tuple(value)
 
 
@@ -102,10 +117,14 @@ def _classes(document: dict) -> tuple[Any, ...] | None:
         return None
     classes = document.get("classes")
     if not isinstance(classes, list) or not classes:
-        raise ModelLoadError(f"{METADATA_FILE}: a classification model needs \"classes\", the "
-                             f"non-empty list of labels in output order, got {classes!r}")
+        raise ModelLoadError(
+            f'{METADATA_FILE}: a classification model needs "classes", the '
+            f"non-empty list of labels in output order, got {classes!r}"
+        )
     output = document.get("output", "probabilities")
     if output != "probabilities":
-        raise ModelLoadError(f"{METADATA_FILE}: output {output!r} is not supported for a "
-                             "classifier; expected \"probabilities\"")
+        raise ModelLoadError(
+            f"{METADATA_FILE}: output {output!r} is not supported for a "
+            'classifier; expected "probabilities"'
+        )
     return tuple(classes)

@@ -25,5 +25,8 @@ def warn(paths: MlPaths, file_name: str, text: str, speaker: str, append: bool =
         with target.open("a" if append else "w", encoding="utf-8") as file:
             file.write(text + "\n")
     except OSError as error:
-        print(f"{speaker}: cannot write {target}: {error.strerror or error}", file=sys.stderr,
-              flush=True)
+        print(
+            f"{speaker}: cannot write {target}: {error.strerror or error}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -52,29 +52,34 @@ ELISION = " ... "  # marks the middle of a text cut to fit
 class FailureKind(Enum):
     """Why a job failed; `exit_code` maps each kind to the code the job exits with."""
 
-    CONFIG = "config"      # configuration or data: the user's to fix
-    CLUSTER = "cluster"    # a host, sshd, the network or the leader/worker protocol
-    RANK = "rank"          # a rank program failed: its own exit code
-    STOPPED = "stopped"    # a stop signal (job stopped, max runtime, spot reclaim)
-    HUNG = "hung"          # no rank made progress for progress_timeout seconds
+    CONFIG = "config"  # configuration or data: the user's to fix
+    CLUSTER = "cluster"  # a host, sshd, the network or the leader/worker protocol
+    RANK = "rank"  # a rank program failed: its own exit code
+    STOPPED = "stopped"  # a stop signal (job stopped, max runtime, spot reclaim)
+    HUNG = "hung"  # no rank made progress for progress_timeout seconds
     INTERNAL = "internal"  # a bug in the launcher
 
 
 def exit_code(kind: FailureKind, rank_code: int = 1) -> int:
     """The exit code of a job that failed for `kind`; `rank_code` is the failed rank's own."""
-    codes = {FailureKind.CONFIG: 2, FailureKind.CLUSTER: 3, FailureKind.HUNG: 4,
-             FailureKind.STOPPED: 143, FailureKind.INTERNAL: 1}
+    codes = {
+        FailureKind.CONFIG: 2,
+        FailureKind.CLUSTER: 3,
+        FailureKind.HUNG: 4,
+        FailureKind.STOPPED: 143,
+        FailureKind.INTERNAL: 1,
+    }
     return codes.get(kind, rank_code or 1)
 
 
 class Mark(Enum):
     """Moments of a run that benchmarks time, printed as `TRAIN-MARK <name>`."""
 
-    HOSTS_READY = "hosts_ready"        # launcher: every host is ready, mpirun starts
-    RANKS_UP = "ranks_up"              # rank 0: Horovod is up on every rank
-    DATA_READ = "data_read"            # rank 0: the training data is loaded
+    HOSTS_READY = "hosts_ready"  # launcher: every host is ready, mpirun starts
+    RANKS_UP = "ranks_up"  # rank 0: Horovod is up on every rank
+    DATA_READ = "data_read"  # rank 0: the training data is loaded
     MODEL_EXPORTED = "model_exported"  # rank 0: the model is written
-    JOB_DONE = "job_done"              # launcher: mpirun ended, the job completed
+    JOB_DONE = "job_done"  # launcher: mpirun ended, the job completed
 
 
 def mark_line(mark: Mark) -> str:
@@ -119,8 +124,10 @@ def active_line(cores: float, waiting: str | None = None) -> str:
     return f"{ACTIVE_MARKER} cpu={cores:.2f}" + (f" io={waiting}" if waiting else "")
 
 
-_ACTIVE = re.compile(re.escape(ACTIVE_MARKER) + r" cpu=(?P<cores>\d+(?:\.\d+)?)"
-                     r"(?: io=(?P<io>" + "|".join(IO_WAITS) + r"))?\s*$")
+_ACTIVE = re.compile(
+    re.escape(ACTIVE_MARKER) + r" cpu=(?P<cores>\d+(?:\.\d+)?)"
+    r"(?: io=(?P<io>" + "|".join(IO_WAITS) + r"))?\s*$"
+)
 
 
 def parse_active(line: str) -> float | None:
@@ -180,8 +187,10 @@ class RankFailure:
     error: str  # "ExceptionType: message", one line
 
     def line(self) -> str:
-        return (f"{FAILURE_MARKER} rank={self.rank} host={self.host} kind={self.kind.value}: "
-                f"{self.error}")
+        return (
+            f"{FAILURE_MARKER} rank={self.rank} host={self.host} kind={self.kind.value}: "
+            f"{self.error}"
+        )
 
 
 # Python's own library and installed packages: a frame outside them is the user's code.
@@ -203,8 +212,7 @@ def rank_failure(rank: int, host: str, error: BaseException) -> RankFailure:
     kind = getattr(error, "kind", None)
     declared = isinstance(kind, FailureKind)
     frame = None if declared else failing_frame(error)
-    return RankFailure(rank, host, kind if declared else FailureKind.RANK,
-                       error_text(error, frame))
+    return RankFailure(rank, host, kind if declared else FailureKind.RANK, error_text(error, frame))
 
 
 def error_text(error: BaseException, frame: traceback.FrameSummary | None) -> str:
@@ -245,14 +253,16 @@ def elide(text: str, limit: int) -> str:
         return encoded.decode()
     room = limit - len(ELISION)
     if room <= 0:
-        return encoded[:max(limit, 0)].decode(errors="ignore")
-    head = encoded[:room - room // 2].decode(errors="ignore")
-    tail = encoded[len(encoded) - room // 2:].decode(errors="ignore")
+        return encoded[: max(limit, 0)].decode(errors="ignore")
+    head = encoded[: room - room // 2].decode(errors="ignore")
+    tail = encoded[len(encoded) - room // 2 :].decode(errors="ignore")
     return f"{head}{ELISION}{tail}"
 
 
-_FAILURE = re.compile(re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d{1,18}) host=(?P<host>\S+) "
-                      r"kind=(?P<kind>\w+): (?P<error>.*)$")
+_FAILURE = re.compile(
+    re.escape(FAILURE_MARKER) + r" rank=(?P<rank>\d{1,18}) host=(?P<host>\S+) "
+    r"kind=(?P<kind>\w+): (?P<error>.*)$"
+)
 
 
 def parse_rank_failure(line: str) -> RankFailure | None:

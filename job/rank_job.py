@@ -47,11 +47,13 @@ class Processes:
         if not self.coordinator:
             return {}
         devices = self.devices[local_rank] if self.devices else (0,)
-        return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": self.coordinator,
-                "KERAS_DISTRIBUTION_NUM_PROCESSES": str(self.count),
-                "KERAS_DISTRIBUTION_PROCESS_ID": str(rank),
-                "JAX_COORDINATOR_ADDRESS": self.coordinator,
-                "JAX_LOCAL_DEVICE_IDS": ",".join(map(str, devices))}
+        return {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": self.coordinator,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(self.count),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(rank),
+            "JAX_COORDINATOR_ADDRESS": self.coordinator,
+            "JAX_LOCAL_DEVICE_IDS": ",".join(map(str, devices)),
+        }
 
 
 @dataclass(frozen=True)
@@ -65,28 +67,41 @@ class RankJob:
     processes: Processes = Processes()
 
     def to_json(self) -> str:
-        return json.dumps({
-            "program": self.program, "script_hyperparameters": self.script_hyperparameters,
-            "trainer": asdict(self.trainer) if self.trainer else None,
-            "batches": asdict(self.batches) if self.batches else None,
-            "tf_workers": list(self.tf_workers), "processes": asdict(self.processes),
-        }, sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {
+                "program": self.program,
+                "script_hyperparameters": self.script_hyperparameters,
+                "trainer": asdict(self.trainer) if self.trainer else None,
+                "batches": asdict(self.batches) if self.batches else None,
+                "tf_workers": list(self.tf_workers),
+                "processes": asdict(self.processes),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> RankJob:
         try:
             raw = json.loads(text)
             processes = raw["processes"]
-            return cls(raw["program"], raw["script_hyperparameters"],
-                       TrainerConfig(**raw["trainer"]) if raw["trainer"] else None,
-                       BatchPlan(**raw["batches"]) if raw["batches"] else None,
-                       tuple(raw["tf_workers"]),
-                       Processes(processes["coordinator"], processes["count"],
-                                 tuple(tuple(ids) for ids in processes["devices"])))
+            return cls(
+                raw["program"],
+                raw["script_hyperparameters"],
+                TrainerConfig(**raw["trainer"]) if raw["trainer"] else None,
+                BatchPlan(**raw["batches"]) if raw["batches"] else None,
+                tuple(raw["tf_workers"]),
+                Processes(
+                    processes["coordinator"],
+                    processes["count"],
+                    tuple(tuple(ids) for ids in processes["devices"]),
+                ),
+            )
         except (ValueError, TypeError, KeyError) as error:
-            raise ConfigError(f"{JOB_ENV} does not hold a job written by this image's launcher "
-                              f"({type(error).__name__}: {error}); start ranks with `train`"
-                              ) from None
+            raise ConfigError(
+                f"{JOB_ENV} does not hold a job written by this image's launcher "
+                f"({type(error).__name__}: {error}); start ranks with `train`"
+            ) from None
 
     def worker_environment(self, rank: int, local_rank: int = 0) -> dict[str, str]:
         """What rank `rank` adds to its environment: its place among the job's processes for
@@ -94,9 +109,13 @@ class RankJob:
         TensorFlow containers write it."""
         environment = self.processes.environment(rank, local_rank)
         if self.tf_workers:
-            environment["TF_CONFIG"] = json.dumps({
-                "cluster": {"worker": list(self.tf_workers)}, "environment": "cloud",
-                "task": {"type": "worker", "index": rank}})
+            environment["TF_CONFIG"] = json.dumps(
+                {
+                    "cluster": {"worker": list(self.tf_workers)},
+                    "environment": "cloud",
+                    "task": {"type": "worker", "index": rank},
+                }
+            )
         return environment
 
     def environment(self) -> dict[str, str]:
@@ -107,7 +126,8 @@ class RankJob:
             raise ConfigError(
                 f"the job's hyperparameters take {size} bytes as JSON, and every rank receives "
                 f"them in one environment variable, which holds at most {ENV_LIMIT} bytes; "
-                "pass large values in a file (under the code folder or in an input channel)")
+                "pass large values in a file (under the code folder or in an input channel)"
+            )
         return {JOB_ENV: text}
 
 
@@ -118,5 +138,6 @@ def read_rank_job(environ: Mapping[str, str] = os.environ) -> RankJob:
         raise ConfigError(
             f"{JOB_ENV} is not set: rank programs run under the launcher, which validates the "
             "job once and hands every rank the result; run `train --ml-root DIR` "
-            "(`train --ml-root DIR --dry-run` prints the plan)")
+            "(`train --ml-root DIR --dry-run` prints the plan)"
+        )
     return RankJob.from_json(text)

@@ -77,7 +77,8 @@ class ResourceConfig:
         if self.current_host not in self.hosts:
             raise ValueError(
                 f"resourceconfig.json: current_host {self.current_host!r} is not among hosts "
-                f"{list(self.hosts)}")
+                f"{list(self.hosts)}"
+            )
         if self.groups:
             self._check_groups()
 
@@ -85,21 +86,26 @@ class ResourceConfig:
         names = [group.name for group in self.groups]
         grouped = [host for group in self.groups for host in group.hosts]
         if len(self.groups) > MAX_GROUPS or len(set(names)) != len(names):
-            raise ValueError(f"resourceconfig.json: `instance_groups` must be at most "
-                             f"{MAX_GROUPS} groups of distinct names, got {names}")
+            raise ValueError(
+                f"resourceconfig.json: `instance_groups` must be at most "
+                f"{MAX_GROUPS} groups of distinct names, got {names}"
+            )
         if sorted(grouped) != sorted(self.hosts):
-            raise ValueError(f"resourceconfig.json: the hosts of `instance_groups` "
-                             f"({sorted(grouped)}) must be `hosts` ({sorted(self.hosts)}), "
-                             "each in one group")
+            raise ValueError(
+                f"resourceconfig.json: the hosts of `instance_groups` "
+                f"({sorted(grouped)}) must be `hosts` ({sorted(self.hosts)}), "
+                "each in one group"
+            )
         if self.current_host not in self.group(self.current_group).hosts:
-            raise ValueError(f"resourceconfig.json: current_host {self.current_host!r} is not "
-                             f"in its group {self.current_group!r}")
+            raise ValueError(
+                f"resourceconfig.json: current_host {self.current_host!r} is not "
+                f"in its group {self.current_group!r}"
+            )
 
     @property
     def instance_groups(self) -> tuple[InstanceGroup, ...]:
         """Every group of the job: a plain job's one group when the file lists none."""
-        return self.groups or (InstanceGroup(self.current_group, self.instance_type,
-                                             self.hosts),)
+        return self.groups or (InstanceGroup(self.current_group, self.instance_type, self.hosts),)
 
     def group_of(self, host: str) -> InstanceGroup:
         return next(group for group in self.instance_groups if host in group.hosts)
@@ -107,8 +113,10 @@ class ResourceConfig:
     def group(self, name: str) -> InstanceGroup:
         found = [group for group in self.instance_groups if group.name == name]
         if not found:
-            raise ValueError(f"resourceconfig.json: no instance group {name!r} among "
-                             f"{[group.name for group in self.instance_groups]}")
+            raise ValueError(
+                f"resourceconfig.json: no instance group {name!r} among "
+                f"{[group.name for group in self.instance_groups]}"
+            )
         return found[0]
 
 
@@ -140,8 +148,13 @@ def training_groups(groups: tuple[InstanceGroup, ...], setting: str) -> tuple[In
     distribution_instance_groups hyperparameter: a JSON list or comma-separated names), else
     the job's only group. ConfigError when a job of several groups names none, or one it lacks."""
     value = decode(setting)
-    names = value if isinstance(value, list) else \
-        [name.strip() for name in str(value).split(",") if name.strip()] if value else []
+    names = (
+        value
+        if isinstance(value, list)
+        else [name.strip() for name in str(value).split(",") if name.strip()]
+        if value
+        else []
+    )
     listing = ", ".join(group.describe() for group in groups)
     if not names:
         if len(groups) == 1:
@@ -150,13 +163,16 @@ def training_groups(groups: tuple[InstanceGroup, ...], setting: str) -> tuple[In
             f"this job has {len(groups)} instance groups, {listing}, and names none to train: "
             "set the hyperparameter sagemaker_distribution_instance_groups to the groups whose "
             f"hosts run the ranks, such as '{groups[0].name}' or '[\"{groups[0].name}\"]' "
-            "(SDK 2's framework estimators: distribution={..., \"instance_groups\": [...]}; "
-            "sagemaker-ops train: --train-groups)")
+            '(SDK 2\'s framework estimators: distribution={..., "instance_groups": [...]}; '
+            "sagemaker-ops train: --train-groups)"
+        )
     known = {group.name: group for group in groups}
     unknown = [name for name in names if not isinstance(name, str) or name not in known]
     if unknown:
-        raise ConfigError(f"sagemaker_distribution_instance_groups names {unknown}, "
-                          f"which this job does not have; its instance groups are {listing}")
+        raise ConfigError(
+            f"sagemaker_distribution_instance_groups names {unknown}, "
+            f"which this job does not have; its instance groups are {listing}"
+        )
     return tuple(known[name] for name in dict.fromkeys(names))
 
 
@@ -170,8 +186,9 @@ def _read_json(path: Path, expected: type) -> Any:
     except RecursionError:
         raise ConfigError(f"{path} nests its JSON too deeply to be read") from None
     if not isinstance(value, expected):
-        raise ConfigError(f"{path} must hold a JSON {expected.__name__}, "
-                          f"not {type(value).__name__}")
+        raise ConfigError(
+            f"{path} must hold a JSON {expected.__name__}, not {type(value).__name__}"
+        )
     return value
 
 
@@ -180,27 +197,37 @@ def read_resources(path: Path) -> ResourceConfig:
         return ResourceConfig(current_host="algo-1", hosts=("algo-1",), network_interface_name="lo")
     raw = _read_json(path, dict)
     hosts = raw.get("hosts")
-    if not isinstance(hosts, list) or not all(isinstance(h, str) and HOST_NAME.fullmatch(h)
-                                              for h in hosts):
-        raise ConfigError(f"{path}: `hosts` must be a list of host names (letters, digits, "
-                          f"'.', '-', '_'), got {hosts!r}")
+    if not isinstance(hosts, list) or not all(
+        isinstance(h, str) and HOST_NAME.fullmatch(h) for h in hosts
+    ):
+        raise ConfigError(
+            f"{path}: `hosts` must be a list of host names (letters, digits, "
+            f"'.', '-', '_'), got {hosts!r}"
+        )
     current = raw.get("current_host")
     if not isinstance(current, str) or not current:
         raise ConfigError(f"{path}: `current_host` must be a host name, got {current!r}")
     interface = raw.get("network_interface_name", "eth0")
     if not isinstance(interface, str) or not INTERFACE_NAME.fullmatch(interface):
-        raise ConfigError(f"{path}: `network_interface_name` must be an interface name (such "
-                          f"as eth0), got {interface!r}")
+        raise ConfigError(
+            f"{path}: `network_interface_name` must be an interface name (such "
+            f"as eth0), got {interface!r}"
+        )
     group = raw.get("current_group_name", INSTANCE_GROUP)
     if not isinstance(group, str) or not 1 <= len(group) <= 64:
-        raise ConfigError(f"{path}: `current_group_name` must be the name of an instance group "
-                          f"(1 to 64 characters), got {group!r}")
+        raise ConfigError(
+            f"{path}: `current_group_name` must be the name of an instance group "
+            f"(1 to 64 characters), got {group!r}"
+        )
     try:
-        return ResourceConfig(current_host=current, hosts=tuple(sorted(hosts)),
-                              network_interface_name=interface,
-                              instance_type=str(raw.get("current_instance_type", "local")),
-                              current_group=group,
-                              groups=_read_groups(path, raw.get("instance_groups")))
+        return ResourceConfig(
+            current_host=current,
+            hosts=tuple(sorted(hosts)),
+            network_interface_name=interface,
+            instance_type=str(raw.get("current_instance_type", "local")),
+            current_group=group,
+            groups=_read_groups(path, raw.get("instance_groups")),
+        )
     except ValueError as error:
         raise ConfigError(f"{path}: {error}") from None
 
@@ -210,19 +237,26 @@ def _read_groups(path: Path, raw: Any) -> tuple[InstanceGroup, ...]:
     homogeneousCluster tells nothing the host list does not) or none (local mode)."""
     if raw is None:
         return ()
-    shape = ("a list of {\"instance_group_name\": NAME, \"instance_type\": TYPE, "
-             "\"hosts\": [HOST, ...]}")
+    shape = 'a list of {"instance_group_name": NAME, "instance_type": TYPE, "hosts": [HOST, ...]}'
     if not isinstance(raw, list) or not all(isinstance(group, dict) for group in raw):
         raise ConfigError(f"{path}: `instance_groups` must be {shape}, got {raw!r}")
     groups = []
     for group in raw:
         name, hosts = group.get("instance_group_name"), group.get("hosts")
-        if not isinstance(name, str) or not 1 <= len(name) <= 64 or not isinstance(hosts, list) \
-                or not hosts or not all(isinstance(host, str) and host for host in hosts):
-            raise ConfigError(f"{path}: `instance_groups` must be {shape} (names of 1 to 64 "
-                              f"characters, at least one host each), got {group!r}")
-        groups.append(InstanceGroup(name, str(group.get("instance_type", "")),
-                                    tuple(sorted(hosts))))
+        if (
+            not isinstance(name, str)
+            or not 1 <= len(name) <= 64
+            or not isinstance(hosts, list)
+            or not hosts
+            or not all(isinstance(host, str) and host for host in hosts)
+        ):
+            raise ConfigError(
+                f"{path}: `instance_groups` must be {shape} (names of 1 to 64 "
+                f"characters, at least one host each), got {group!r}"
+            )
+        groups.append(
+            InstanceGroup(name, str(group.get("instance_type", "")), tuple(sorted(hosts)))
+        )
     return tuple(groups) if len(groups) > 1 else ()
 
 
@@ -234,24 +268,31 @@ def read_hyperparameters(path: Path) -> dict[str, Any]:
 
 def read_channels(path: Path, data_dir: Path) -> dict[str, Channel]:
     if not path.exists():
-        present = sorted(p.name for p in data_dir.iterdir() if p.is_dir()) \
-            if data_dir.is_dir() else []
+        present = (
+            sorted(p.name for p in data_dir.iterdir() if p.is_dir()) if data_dir.is_dir() else []
+        )
         return {name: Channel(name) for name in present}
     channels = {}
     for name, spec in _read_json(path, dict).items():
         if not CHANNEL_NAME.fullmatch(name) or name in (".", ".."):
-            raise ConfigError(f"{path}: channel name {name!r} is not one SageMaker gives: 1 to 64 "
-                              "letters, digits, '.', '-' and '_'")
+            raise ConfigError(
+                f"{path}: channel name {name!r} is not one SageMaker gives: 1 to 64 "
+                "letters, digits, '.', '-' and '_'"
+            )
         if not isinstance(spec, dict):
             raise ConfigError(f"{path}: channel {name!r} must be a JSON object")
         mode = spec.get("TrainingInputMode", "File")
         distribution = spec.get("S3DistributionType", "FullyReplicated")
         if mode not in INPUT_MODES:
-            raise ConfigError(f"{path}: channel {name!r} has TrainingInputMode {mode!r}; "
-                              f"choose between {', '.join(INPUT_MODES)}")
+            raise ConfigError(
+                f"{path}: channel {name!r} has TrainingInputMode {mode!r}; "
+                f"choose between {', '.join(INPUT_MODES)}"
+            )
         if distribution not in DISTRIBUTIONS:
-            raise ConfigError(f"{path}: channel {name!r} has S3DistributionType "
-                              f"{distribution!r}; choose between {', '.join(DISTRIBUTIONS)}")
+            raise ConfigError(
+                f"{path}: channel {name!r} has S3DistributionType "
+                f"{distribution!r}; choose between {', '.join(DISTRIBUTIONS)}"
+            )
         channels[name] = Channel(name, str(spec.get("ContentType", "")), mode, distribution)
     return channels
 
@@ -269,8 +310,9 @@ def _local_path(path: Path) -> Path | None:
 def configured_paths(root: Path) -> MlPaths:
     """The job's folders under `root`, with the checkpoint and TensorBoard folders it asked for."""
     paths = MlPaths(root)
-    return MlPaths(root, _local_path(paths.checkpoint_config),
-                   _local_path(paths.tensorboard_config))
+    return MlPaths(
+        root, _local_path(paths.checkpoint_config), _local_path(paths.tensorboard_config)
+    )
 
 
 def read_job_config(paths: MlPaths) -> JobConfig:
@@ -281,20 +323,29 @@ def read_job_config(paths: MlPaths) -> JobConfig:
         resources=read_resources(paths.resource_config),
         hyperparameters=read_hyperparameters(paths.hyperparameters),
         channels=read_channels(paths.input_data_config, paths.data_dir),
-        source_code=read_source_code(paths))
+        source_code=read_source_code(paths),
+    )
 
 
 def resource_document(resources: ResourceConfig, host: str = "") -> dict[str, Any]:
     """resourceconfig.json as SageMaker writes it on `host` (default: the current host): every
     host and instance group, and that host's own group and instance type."""
     group = resources.group_of(host or resources.current_host)
-    return {"current_host": host or resources.current_host,
-            "current_instance_type": group.instance_type,
-            "current_group_name": group.name,
-            "hosts": sorted(resources.hosts),
-            "instance_groups": [{"instance_group_name": g.name, "instance_type": g.instance_type,
-                                 "hosts": list(g.hosts)} for g in resources.instance_groups],
-            "network_interface_name": resources.network_interface_name}
+    return {
+        "current_host": host or resources.current_host,
+        "current_instance_type": group.instance_type,
+        "current_group_name": group.name,
+        "hosts": sorted(resources.hosts),
+        "instance_groups": [
+            {
+                "instance_group_name": g.name,
+                "instance_type": g.instance_type,
+                "hosts": list(g.hosts),
+            }
+            for g in resources.instance_groups
+        ],
+        "network_interface_name": resources.network_interface_name,
+    }
 
 
 def check_served_input(*, builtin: bool, data_groups: bool, train_sharded: bool) -> None:
@@ -305,7 +356,8 @@ def check_served_input(*, builtin: bool, data_groups: bool, train_sharded: bool)
         raise ConfigError(
             "the train channel is ShardedByS3Key, but the data hosts serve the ranks' input "
             "(tf.data service) and read the files the ranks name: the train channel must be "
-            "FullyReplicated")
+            "FullyReplicated"
+        )
 
 
 def write_job_config(job: JobConfig) -> None:
@@ -314,12 +366,21 @@ def write_job_config(job: JobConfig) -> None:
     paths = job.paths
     paths.config_dir.mkdir(parents=True, exist_ok=True)
     _write_json(paths.resource_config, resource_document(job.resources))
-    _write_json(paths.hyperparameters,
-                {name: encode(value) for name, value in job.hyperparameters.items()})
-    _write_json(paths.input_data_config, {
-        name: {"ContentType": channel.content_type, "TrainingInputMode": channel.input_mode,
-               "S3DistributionType": channel.distribution, "RecordWrapperType": "None"}
-        for name, channel in job.channels.items()})
+    _write_json(
+        paths.hyperparameters, {name: encode(value) for name, value in job.hyperparameters.items()}
+    )
+    _write_json(
+        paths.input_data_config,
+        {
+            name: {
+                "ContentType": channel.content_type,
+                "TrainingInputMode": channel.input_mode,
+                "S3DistributionType": channel.distribution,
+                "RecordWrapperType": "None",
+            }
+            for name, channel in job.channels.items()
+        },
+    )
 
 
 def _write_json(path: Path, value: Any) -> None:

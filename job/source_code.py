@@ -58,9 +58,11 @@ def read_source_code(paths: MlPaths) -> SourceCode | None:
     distributed = _read_object(distributed_file) or {}
     entry_script = _text(source, "entry_script", source_file)
     if entry_script and not entry_script.endswith(".py"):
-        raise ConfigError(f"SourceCode entry_script {entry_script!r}: this image runs Python "
-                          "entry scripts on every rank; give a .py file (a shell script can "
-                          "run as SourceCode(command=...))")
+        raise ConfigError(
+            f"SourceCode entry_script {entry_script!r}: this image runs Python "
+            "entry scripts on every rank; give a .py file (a shell script can "
+            "run as SourceCode(command=...))"
+        )
     code = paths.channel(CODE_CHANNEL)
     archive = _text(source, "source_dir", source_file)
     if archive.endswith(".tar.gz"):
@@ -72,7 +74,8 @@ def read_source_code(paths: MlPaths) -> SourceCode | None:
         processes_per_host=_count(distributed, distributed_file),
         mpi_options=_options(distributed, distributed_file),
         distribution=_distribution(distributed, distributed_file),
-        code=code if code.exists() else Path())
+        code=code if code.exists() else Path(),
+    )
 
 
 def _read_object(path: Path) -> dict[str, Any] | None:
@@ -83,8 +86,10 @@ def _read_object(path: Path) -> dict[str, Any] | None:
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from None
     except (ValueError, RecursionError) as error:  # RecursionError: nested past the parser
-        raise ConfigError(f"{path} (written by the SageMaker SDK's ModelTrainer) is not valid "
-                          f"JSON: {error}; run the job again from the SDK") from None
+        raise ConfigError(
+            f"{path} (written by the SageMaker SDK's ModelTrainer) is not valid "
+            f"JSON: {error}; run the job again from the SDK"
+        ) from None
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -97,8 +102,7 @@ def _text(raw: dict[str, Any], key: str, path: Path) -> str:
     if value is None:
         return ""
     if not isinstance(value, str) or unpassable(value):
-        raise ConfigError(f"{path}: `{key}` must be a string a program can be given, got "
-                          f"{value!r}")
+        raise ConfigError(f"{path}: `{key}` must be a string a program can be given, got {value!r}")
     return value.strip()
 
 
@@ -107,8 +111,9 @@ def _count(raw: dict[str, Any], path: Path) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{path}: process_count_per_node must be a positive whole number, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{path}: process_count_per_node must be a positive whole number, got {value!r}"
+        )
     return value
 
 
@@ -116,10 +121,13 @@ def _options(raw: dict[str, Any], path: Path) -> tuple[str, ...]:
     value = raw.get("mpi_additional_options")
     if value is None:
         return ()
-    if not isinstance(value, list) or \
-            not all(isinstance(item, str) and not unpassable(item) for item in value):
-        raise ConfigError(f"{path}: mpi_additional_options must be a list of strings, such as "
-                          f"[\"-x\", \"NCCL_DEBUG=WARN\"], got {value!r}")
+    if not isinstance(value, list) or not all(
+        isinstance(item, str) and not unpassable(item) for item in value
+    ):
+        raise ConfigError(
+            f"{path}: mpi_additional_options must be a list of strings, such as "
+            f'["-x", "NCCL_DEBUG=WARN"], got {value!r}'
+        )
     return tuple(value)
 
 
@@ -129,6 +137,8 @@ def _distribution(raw: dict[str, Any], path: Path) -> str:
     if "smp" in raw:
         return "torchrun"
     if raw.keys() - {"process_count_per_node"}:
-        raise ConfigError(f"{path}: unknown distributed= configuration {raw!r}; this image "
-                          "runs distributed=MPI(...) or none")
+        raise ConfigError(
+            f"{path}: unknown distributed= configuration {raw!r}; this image "
+            "runs distributed=MPI(...) or none"
+        )
     return "mpi" if raw else ""

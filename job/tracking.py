@@ -100,8 +100,10 @@ class Tracking:
         user's own `mlflow` can reach (a `file:` or database URI: left to the script). Reads
         nothing: a token in Secrets Manager is read by `authenticated`."""
         uri = environ.get("MLFLOW_TRACKING_URI", "").strip()
-        tls = {"verify": environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() != "true",
-               "ca_file": environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH", "")}
+        tls = {
+            "verify": environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() != "true",
+            "ca_file": environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH", ""),
+        }
         if uri.startswith("arn:"):
             found = ARN.fullmatch(uri)
             if not found:
@@ -109,21 +111,33 @@ class Tracking:
                     f"MLFLOW_TRACKING_URI {uri!r} is not the ARN of a SageMaker managed MLflow "
                     "server (arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME); "
                     "copy it from the server's page in SageMaker Studio, or give an "
-                    "http(s):// URL")
+                    "http(s):// URL"
+                )
             region = found.group(2)
-            endpoint = environ.get("SAGEMAKER_MLFLOW_CUSTOM_ENDPOINT") or \
-                f"https://{region}.experiments.sagemaker.aws"
-            return cls(endpoint.rstrip("/"), arn=uri, region=region,
-                       headers={"x-mlflow-sm-tracking-server-arn": uri}, **tls)
+            endpoint = (
+                environ.get("SAGEMAKER_MLFLOW_CUSTOM_ENDPOINT")
+                or f"https://{region}.experiments.sagemaker.aws"
+            )
+            return cls(
+                endpoint.rstrip("/"),
+                arn=uri,
+                region=region,
+                headers={"x-mlflow-sm-tracking-server-arn": uri},
+                **tls,
+            )
         if not uri.startswith(("http://", "https://")):
             return None
         parts = urllib.parse.urlsplit(uri)
         # user:password@ in the URI authenticates as MLflow's client does; the endpoint, which
         # the log shows, keeps neither
-        username = urllib.parse.unquote(parts.username or "") or \
-            environ.get("MLFLOW_TRACKING_USERNAME", "")
-        password = urllib.parse.unquote(parts.password or "") if parts.username else \
-            environ.get("MLFLOW_TRACKING_PASSWORD", "")
+        username = urllib.parse.unquote(parts.username or "") or environ.get(
+            "MLFLOW_TRACKING_USERNAME", ""
+        )
+        password = (
+            urllib.parse.unquote(parts.password or "")
+            if parts.username
+            else environ.get("MLFLOW_TRACKING_PASSWORD", "")
+        )
         endpoint = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
         token = environ.get("MLFLOW_TRACKING_TOKEN", "")
         secret = "" if token else environ.get(SECRET_VARIABLE, "").strip()
@@ -131,7 +145,8 @@ class Tracking:
             raise ConfigError(
                 f"{SECRET_VARIABLE} {secret!r} is not the ARN of a Secrets Manager secret "
                 "(arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-xxxxxx); copy it from the "
-                "secret's page in the Secrets Manager console")
+                "secret's page in the Secrets Manager console"
+            )
         headers = {}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -143,12 +158,12 @@ class Tracking:
     def authenticated(self, client: Any = None) -> Tracking:
         """This server with its token, read now from Secrets Manager when `token_secret`
         names one (with `client`, else one made with the job's credentials)."""
-        return self.with_token(read_token(self.token_secret, client)) if self.token_secret \
-            else self
+        return self.with_token(read_token(self.token_secret, client)) if self.token_secret else self
 
     def with_token(self, token: str) -> Tracking:
-        return replace(self, headers={**self.headers, "Authorization": f"Bearer {token}"},
-                       token_secret="")
+        return replace(
+            self, headers={**self.headers, "Authorization": f"Bearer {token}"}, token_secret=""
+        )
 
     def plain_http_warning(self) -> str:
         """Why credentials for this server would be readable on the way, or ""."""
@@ -156,11 +171,17 @@ class Tracking:
         credentials = "Authorization" in self.headers or self.token_secret
         if parts.scheme != "http" or not credentials or _is_loopback(parts.hostname or ""):
             return ""
-        return (f"MLflow: credentials go over plain http to {parts.hostname}, readable by "
-                "anyone on the way: give the tracking server as https://")
+        return (
+            f"MLflow: credentials go over plain http to {parts.hostname}, readable by "
+            "anyone on the way: give the tracking server as https://"
+        )
 
-    def call(self, endpoint: str, body: dict[str, Any] | None = None,
-             query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def call(
+        self,
+        endpoint: str,
+        body: dict[str, Any] | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         """POST `body` to (or, without one, GET) /api/2.0/mlflow/`endpoint`; its JSON object.
         A missing resource is {"error_code": "RESOURCE_DOES_NOT_EXIST"}; anything else that
         is not an answer (a refusal, no answer within the deadlines, a redirect elsewhere,
@@ -177,15 +198,16 @@ class Tracking:
             except _Refused as refused:
                 raise TrackingError(f"{endpoint}: {refused}") from None
             except (OSError, http.client.HTTPException) as error:  # refused, reset, cut, late
-                if last or deadline - time.monotonic() < 2 ** attempt:
-                    raise TrackingError(f"{self.endpoint} did not answer {endpoint}: "
-                                        f"{_said(error)}") from None
+                if last or deadline - time.monotonic() < 2**attempt:
+                    raise TrackingError(
+                        f"{self.endpoint} did not answer {endpoint}: {_said(error)}"
+                    ) from None
             else:
                 if status < 300:
                     return _answer(endpoint, status, text)
-                if status < 500 or last or deadline - time.monotonic() < 2 ** attempt:
+                if status < 500 or last or deadline - time.monotonic() < 2**attempt:
                     return _refusal(endpoint, status, text)
-            time.sleep(2 ** attempt)
+            time.sleep(2**attempt)
         raise AssertionError("unreachable")
 
     def _exchange(self, url: str, data: bytes | None, deadline: float) -> tuple[int, bytes]:
@@ -197,18 +219,23 @@ class Tracking:
                 return status, text
             target = urllib.parse.urljoin(url, location)
             if _origin(target) != _origin(url):
-                raise _Refused(f"redirected (HTTP {status}) to another server, "
-                                f"{_origin(target)}, which is not sent the credentials: give "
-                                "MLFLOW_TRACKING_URI as the server that answers")
+                raise _Refused(
+                    f"redirected (HTTP {status}) to another server, "
+                    f"{_origin(target)}, which is not sent the credentials: give "
+                    "MLFLOW_TRACKING_URI as the server that answers"
+                )
             if method == "POST" and status not in (307, 308):
-                raise _Refused(f"HTTP {status} to {location} would turn the POST into a GET, "
-                                "whose answer logs nothing: give MLFLOW_TRACKING_URI as the "
-                                "address the server redirects to")
+                raise _Refused(
+                    f"HTTP {status} to {location} would turn the POST into a GET, "
+                    "whose answer logs nothing: give MLFLOW_TRACKING_URI as the "
+                    "address the server redirects to"
+                )
             url = target
         raise _Refused(f"more than {REDIRECTS} redirects")
 
-    def _send(self, method: str, url: str, data: bytes | None,
-              deadline: float) -> tuple[int, str, bytes]:
+    def _send(
+        self, method: str, url: str, data: bytes | None, deadline: float
+    ) -> tuple[int, str, bytes]:
         """One HTTP exchange, over by `deadline` or by `attempt_seconds`, whichever comes
         first, however the server trickles: a timer shuts the socket then, which ends any
         read. (status, Location, body)."""
@@ -220,13 +247,17 @@ class Tracking:
         except TrackingError:
             raise
         except Exception as error:  # botocore's own, of any kind: no credentials, bad config
-            raise TrackingError(f"cannot sign requests to the managed MLflow server "
-                                f"{self.arn}: {_said(error)}") from None
+            raise TrackingError(
+                f"cannot sign requests to the managed MLflow server {self.arn}: {_said(error)}"
+            ) from None
         parts = urllib.parse.urlsplit(url)
-        connection = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=seconds, context=self._tls()) \
-            if parts.scheme == "https" else \
-            http.client.HTTPConnection(parts.hostname, parts.port, timeout=seconds)
+        connection = (
+            http.client.HTTPSConnection(
+                parts.hostname, parts.port, timeout=seconds, context=self._tls()
+            )
+            if parts.scheme == "https"
+            else http.client.HTTPConnection(parts.hostname, parts.port, timeout=seconds)
+        )
         late = threading.Event()
 
         def cut() -> None:
@@ -236,19 +267,26 @@ class Tracking:
                     connection.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
         timer = threading.Timer(seconds, cut)
         timer.daemon = True
         timer.start()
         try:
-            connection.request(method, parts.path + (f"?{parts.query}" if parts.query else ""),
-                               body=data, headers=headers)
+            connection.request(
+                method,
+                parts.path + (f"?{parts.query}" if parts.query else ""),
+                body=data,
+                headers=headers,
+            )
             answer = connection.getresponse()
             text = answer.read(ANSWER_LIMIT + 1)
             if answer.length:  # read(amount) takes a connection closed early for the end
                 raise http.client.IncompleteRead(text, answer.length)
             if len(text) > ANSWER_LIMIT:
-                raise _Refused(f"an answer longer than {ANSWER_LIMIT} bytes, which no "
-                                "MLflow server gives: is MLFLOW_TRACKING_URI an MLflow server?")
+                raise _Refused(
+                    f"an answer longer than {ANSWER_LIMIT} bytes, which no "
+                    "MLflow server gives: is MLFLOW_TRACKING_URI an MLflow server?"
+                )
             return answer.status, answer.getheader("Location", ""), text
         except (OSError, http.client.HTTPException):
             if late.is_set():
@@ -272,10 +310,12 @@ class Tracking:
 
         credentials = get_session().get_credentials()
         if credentials is None:
-            raise TrackingError("no AWS credentials to sign requests to the managed MLflow "
-                                f"server {self.arn}")
-        signed = AWSRequest(method="GET" if data is None else "POST", url=url, data=data,
-                            headers=headers)
+            raise TrackingError(
+                f"no AWS credentials to sign requests to the managed MLflow server {self.arn}"
+            )
+        signed = AWSRequest(
+            method="GET" if data is None else "POST", url=url, data=data, headers=headers
+        )
         SigV4Auth(credentials, SIGNING_SERVICE, self.region).add_auth(signed)
         return dict(signed.headers.items())
 
@@ -295,18 +335,27 @@ def read_token(secret_arn: str, client: Any = None) -> str:
             from botocore.config import Config
 
             client = boto3.client(
-                "secretsmanager", region_name=SECRET_ARN.fullmatch(secret_arn).group(2),
-                config=Config(connect_timeout=5, read_timeout=10,
-                              retries={"max_attempts": 2, "mode": "standard"}))
+                "secretsmanager",
+                region_name=SECRET_ARN.fullmatch(secret_arn).group(2),
+                config=Config(
+                    connect_timeout=5,
+                    read_timeout=10,
+                    retries={"max_attempts": 2, "mode": "standard"},
+                ),
+            )
         found = client.get_secret_value(SecretId=secret_arn)
     except Exception as error:  # botocore's, of any kind: the job goes on untracked
-        raise TrackingError(f"cannot read the MLflow token from {secret_arn}: {_said(error)}; "
-                            "give the job's role secretsmanager:GetSecretValue on it (and "
-                            "kms:Decrypt on its key)") from None
+        raise TrackingError(
+            f"cannot read the MLflow token from {secret_arn}: {_said(error)}; "
+            "give the job's role secretsmanager:GetSecretValue on it (and "
+            "kms:Decrypt on its key)"
+        ) from None
     token = (found.get("SecretString") or "").strip()
     if not token:
-        raise TrackingError(f"the secret {secret_arn} holds no SecretString: store the MLflow "
-                            "token as the secret's plain text")
+        raise TrackingError(
+            f"the secret {secret_arn} holds no SecretString: store the MLflow "
+            "token as the secret's plain text"
+        )
     return token
 
 
@@ -340,11 +389,15 @@ def _answer(endpoint: str, status: int, text: bytes) -> dict[str, Any]:
     try:
         answer = json.loads(text or b"{}")
     except ValueError:
-        raise TrackingError(f"{endpoint} answered HTTP {status} with no JSON: "
-                            f"{text[:200].decode(errors='replace')!r}") from None
+        raise TrackingError(
+            f"{endpoint} answered HTTP {status} with no JSON: "
+            f"{text[:200].decode(errors='replace')!r}"
+        ) from None
     if not isinstance(answer, dict):
-        raise TrackingError(f"{endpoint} answered HTTP {status} with a JSON "
-                            f"{type(answer).__name__.replace('list', 'array')}, not an object")
+        raise TrackingError(
+            f"{endpoint} answered HTTP {status} with a JSON "
+            f"{type(answer).__name__.replace('list', 'array')}, not an object"
+        )
     return answer
 
 
@@ -357,8 +410,9 @@ def _refusal(endpoint: str, status: int, text: bytes) -> dict[str, Any]:
     answer = answer if isinstance(answer, dict) else {}
     if answer.get("error_code") == "RESOURCE_DOES_NOT_EXIST":
         return answer
-    raise TrackingError(f"{endpoint} refused (HTTP {status}): "
-                        f"{answer.get('message') or said[:300]}")
+    raise TrackingError(
+        f"{endpoint} refused (HTTP {status}): {answer.get('message') or said[:300]}"
+    )
 
 
 def _field(answer: Mapping[str, Any], endpoint: str, *path: str) -> str:
@@ -367,8 +421,9 @@ def _field(answer: Mapping[str, Any], endpoint: str, *path: str) -> str:
     for key in path:
         value = value.get(key) if isinstance(value, dict) else None
     if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
-        raise TrackingError(f"{endpoint} answered without {'.'.join(path)}: "
-                            f"{json.dumps(answer)[:200]}")
+        raise TrackingError(
+            f"{endpoint} answered without {'.'.join(path)}: {json.dumps(answer)[:200]}"
+        )
     return str(value)
 
 
@@ -385,8 +440,11 @@ def experiment_id(tracking: Tracking, environ: Mapping[str, str]) -> str:
         if "experiment" in found:
             return _field(found, "experiments/get-by-name", "experiment", "experiment_id")
         try:
-            return _field(tracking.call("experiments/create", {"name": name}),
-                          "experiments/create", "experiment_id")
+            return _field(
+                tracking.call("experiments/create", {"name": name}),
+                "experiments/create",
+                "experiment_id",
+            )
         except TrackingError:  # made meanwhile by another job: look again
             continue
     raise TrackingError(f"could neither find nor make the experiment {name!r}")
@@ -400,15 +458,23 @@ def start_run(tracking: Tracking, experiment: str, name: str) -> str:
     return _field(tracking.call("runs/create", body), "runs/create", "run", "info", "run_id")
 
 
-def log_batch(tracking: Tracking, run_id: str, *, metrics: list[dict[str, Any]] = (),
-              params: Mapping[str, Any] | None = None,
-              tags: Mapping[str, Any] | None = None) -> None:
+def log_batch(
+    tracking: Tracking,
+    run_id: str,
+    *,
+    metrics: list[dict[str, Any]] = (),
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+) -> None:
     """Log in as many requests as MLflow's per-request limits take; parameter values are cut
     to MLflow's limit (a long JSON hyperparameter still says how it starts)."""
-    items = {"metrics": list(metrics),
-             "params": [{"key": k, "value": str(v)[:PARAM_VALUE_LIMIT]}
-                        for k, v in (params or {}).items()],
-             "tags": [{"key": k, "value": str(v)} for k, v in (tags or {}).items()]}
+    items = {
+        "metrics": list(metrics),
+        "params": [
+            {"key": k, "value": str(v)[:PARAM_VALUE_LIMIT]} for k, v in (params or {}).items()
+        ],
+        "tags": [{"key": k, "value": str(v)} for k, v in (tags or {}).items()],
+    }
     while any(items.values()):
         body = {"run_id": run_id}
         for kind, limit in BATCH_LIMITS.items():
@@ -441,8 +507,9 @@ class RunLogger:
     epoch); a server slower than the job, once, as the oldest waiting requests are dropped
     (`limit` wait at most), with the count at `close`; what `close` had to leave unsent."""
 
-    def __init__(self, tracking: Tracking, run_id: str, say: Callable[[str], None],
-                 limit: int = QUEUE_LIMIT):
+    def __init__(
+        self, tracking: Tracking, run_id: str, say: Callable[[str], None], limit: int = QUEUE_LIMIT
+    ):
         self.tracking, self.run_id, self.say, self.limit = tracking, run_id, say, limit
         self.broken = self.closed = False
         self.dropped = 0
@@ -453,8 +520,9 @@ class RunLogger:
         self._thread.start()
 
     @classmethod
-    def of_environment(cls, environ: Mapping[str, str],
-                       say: Callable[[str], None]) -> RunLogger | None:
+    def of_environment(
+        cls, environ: Mapping[str, str], say: Callable[[str], None]
+    ) -> RunLogger | None:
         """The run the launcher made for this job (MLFLOW_RUN_ID), if any."""
         tracking = Tracking.from_environment(environ)
         run_id = environ.get("MLFLOW_RUN_ID", "")
@@ -479,12 +547,16 @@ class RunLogger:
         with self._changed:
             unsent = len(self._waiting) + self._sending
         if self.dropped:
-            self.say(f"MLflow: {self.dropped} request(s) to run {self.run_id} were dropped "
-                     "while the server was slower than the job")
+            self.say(
+                f"MLflow: {self.dropped} request(s) to run {self.run_id} were dropped "
+                "while the server was slower than the job"
+            )
         if unsent and not self.broken:
-            self.say(f"MLflow: {unsent} request(s) to run {self.run_id} not sent within the "
-                     f"{seconds:g} s allowed at the end; the metrics are in the log and in "
-                     "output/data")
+            self.say(
+                f"MLflow: {unsent} request(s) to run {self.run_id} not sent within the "
+                f"{seconds:g} s allowed at the end; the metrics are in the log and in "
+                "output/data"
+            )
 
     def _put(self, call: Callable[..., None], items: dict[str, Any]) -> None:
         with self._changed:
@@ -494,9 +566,11 @@ class RunLogger:
                 self._waiting.popleft()
                 self.dropped += 1
                 if self.dropped == 1:
-                    self.say(f"MLflow: the server is slower than the job: dropping the oldest "
-                             f"of the requests waiting for run {self.run_id} (at most "
-                             f"{self.limit} wait)")
+                    self.say(
+                        f"MLflow: the server is slower than the job: dropping the oldest "
+                        f"of the requests waiting for run {self.run_id} (at most "
+                        f"{self.limit} wait)"
+                    )
             self._waiting.append((call, items))
             self._changed.notify_all()
 
@@ -517,8 +591,9 @@ class RunLogger:
                 with self._changed:
                     self.broken = True
                     self._waiting.clear()
-                self.say(f"MLflow: {failure_text(error)}; nothing more is logged to run "
-                         f"{self.run_id}")
+                self.say(
+                    f"MLflow: {failure_text(error)}; nothing more is logged to run {self.run_id}"
+                )
             finally:
                 with self._changed:
                     self._sending = False

@@ -64,16 +64,22 @@ class JobHyperparameters:
     script: dict[str, Any] = field(default_factory=dict)
 
 
-def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
-                             source: SourceCode | None = None, *,
-                             builtin_only: bool = False) -> JobHyperparameters:
+def validate_hyperparameters(
+    raw: Mapping[str, Any],
+    environ: Mapping[str, str],
+    source: SourceCode | None = None,
+    *,
+    builtin_only: bool = False,
+) -> JobHyperparameters:
     """Split and check a job's hyperparameters; ConfigError says what to change.
     `builtin_only`: the image runs its built-in trainer and nothing the job brings."""
     for name, value in raw.items():  # each may reach a rank's arguments or environment
         problem = unpassable([name, value, decode(value)])
         if problem:
-            raise ConfigError(f"hyperparameter {name!r} holds {problem}, which no program can "
-                              "be handed: remove it from the job's hyperparameters")
+            raise ConfigError(
+                f"hyperparameter {name!r} holds {problem}, which no program can "
+                "be handed: remove it from the job's hyperparameters"
+            )
     launch, user, ignored = split_hyperparameters(raw)
     if builtin_only:
         refuse_own_code(raw, launch, environ, source)
@@ -81,26 +87,40 @@ def validate_hyperparameters(raw: Mapping[str, Any], environ: Mapping[str, str],
         launch = with_source_code(launch, source, environ)
     program = launch.program or environ.get(PROGRAM_ENV, "")
     if program:
-        script = {name: decode(value) for name, value in raw.items()
-                  if name in user or name.startswith(SDK_PREFIX)}
-        return JobHyperparameters(launch, program, user, ignored, None,
-                                  {**script, PROGRAM_KEY: program})
+        script = {
+            name: decode(value)
+            for name, value in raw.items()
+            if name in user or name.startswith(SDK_PREFIX)
+        }
+        return JobHyperparameters(
+            launch, program, user, ignored, None, {**script, PROGRAM_KEY: program}
+        )
     trainer, unknown = parse(TrainerConfig, user, allow_unknown=True)
     if unknown:
         raise _unknown_names(unknown)
     return JobHyperparameters(launch, "", user, ignored, trainer)
 
 
-def refuse_own_code(raw: Mapping[str, Any], launch: LaunchConfig, environ: Mapping[str, str],
-                    source: SourceCode | None) -> None:
+def refuse_own_code(
+    raw: Mapping[str, Any],
+    launch: LaunchConfig,
+    environ: Mapping[str, str],
+    source: SourceCode | None,
+) -> None:
     """ConfigError naming each way this job asks to run code of its own, if any: the
     hyperparameters of OWN_CODE under any of their names, SAGEMAKER_PROGRAM or
     SAGEMAKER_SUBMIT_DIRECTORY, SDK 3's SourceCode. Empty values ask for nothing."""
     aliases = {info["name"]: info["aliases"] for info in describe(LaunchConfig)}
-    given = [f"hyperparameter {key}" for name in OWN_CODE if getattr(launch, name)
-             for key in (name, *aliases[name]) if key in raw]
-    given += [f"environment variable {name}" for name in (PROGRAM_ENV, SUBMIT_ENV)
-              if environ.get(name)]
+    given = [
+        f"hyperparameter {key}"
+        for name in OWN_CODE
+        if getattr(launch, name)
+        for key in (name, *aliases[name])
+        if key in raw
+    ]
+    given += [
+        f"environment variable {name}" for name in (PROGRAM_ENV, SUBMIT_ENV) if environ.get(name)
+    ]
     if source is not None:
         given.append("SDK 3's source_code=SourceCode(...) (its sm_drivers channel)")
     if given:
@@ -108,7 +128,8 @@ def refuse_own_code(raw: Mapping[str, Any], launch: LaunchConfig, environ: Mappi
             f"this algorithm runs only its built-in trainer (its image was built with "
             f"SCRIPT_MODE=off: no scripts, source directories or mpirun options of the job's "
             f"own): leave out {', '.join(given)}; the built-in trainer takes "
-            f"{', '.join(sorted(names(TrainerConfig)))}")
+            f"{', '.join(sorted(names(TrainerConfig)))}"
+        )
 
 
 def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
@@ -117,29 +138,43 @@ def submit_directory(launch: LaunchConfig, environ: Mapping[str, str]) -> str:
     return launch.submit_directory or environ.get(SUBMIT_ENV, "")
 
 
-def with_source_code(launch: LaunchConfig, source: SourceCode,
-                     environ: Mapping[str, str]) -> LaunchConfig:
+def with_source_code(
+    launch: LaunchConfig, source: SourceCode, environ: Mapping[str, str]
+) -> LaunchConfig:
     """The launcher's settings with what SDK 3's SourceCode and distributed= say."""
     if source.distribution == "torchrun":
-        raise ConfigError("ModelTrainer(distributed=Torchrun(...)) starts PyTorch's torchrun; "
-                          "this image runs TensorFlow ranks with mpirun: use "
-                          "distributed=MPI(process_count_per_node=...) or leave distributed out")
-    options = " ".join(part for part in (shlex.join(source.mpi_options), launch.mpi_options)
-                       if part)
-    submit = submit_directory(launch, environ) or \
-        (str(source.code) if source.code != Path() else "")
-    return replace(launch, program=launch.program or source.entry_script,
-                   processes_per_host=launch.processes_per_host or source.processes_per_host,
-                   mpi_options=options, submit_directory=submit)
+        raise ConfigError(
+            "ModelTrainer(distributed=Torchrun(...)) starts PyTorch's torchrun; "
+            "this image runs TensorFlow ranks with mpirun: use "
+            "distributed=MPI(process_count_per_node=...) or leave distributed out"
+        )
+    options = " ".join(
+        part for part in (shlex.join(source.mpi_options), launch.mpi_options) if part
+    )
+    submit = submit_directory(launch, environ) or (
+        str(source.code) if source.code != Path() else ""
+    )
+    return replace(
+        launch,
+        program=launch.program or source.entry_script,
+        processes_per_host=launch.processes_per_host or source.processes_per_host,
+        mpi_options=options,
+        submit_directory=submit,
+    )
 
 
 def _unknown_names(unknown: Mapping[str, Any]) -> ConfigError:
     valid = sorted(names(TrainerConfig)) + sorted(names(LaunchConfig))
-    hints = [f"{close[0]} for {key}" for key in sorted(unknown)
-             for close in [difflib.get_close_matches(key, valid, n=1)] if close]
+    hints = [
+        f"{close[0]} for {key}"
+        for key in sorted(unknown)
+        for close in [difflib.get_close_matches(key, valid, n=1)]
+        if close
+    ]
     return ConfigError(
         f"unknown hyperparameter(s) {', '.join(sorted(unknown))}"
         + (f" (did you mean {', '.join(hints)}?)" if hints else "")
         + f"; the built-in trainer takes {', '.join(sorted(names(TrainerConfig)))}; "
         f"the launcher takes {', '.join(sorted(names(LaunchConfig)))}. To run your own "
-        f"script, which receives any other key, set program=<file under {MlPaths().code_dir}>.")
+        f"script, which receives any other key, set program=<file under {MlPaths().code_dir}>."
+    )

@@ -38,24 +38,43 @@ class Watched:
     status_key: str
     succeeded: frozenset[str]
     failed: frozenset[str]
-    log_group: str       # formatted with name=
-    stream_prefix: str   # formatted with name=
+    log_group: str  # formatted with name=
+    stream_prefix: str  # formatted with name=
 
     def settled(self, status: str) -> bool:
         return status in self.succeeded or status in self.failed
 
 
-TRAINING_JOB = Watched("training job", "DescribeTrainingJob", "TrainingJobName",
-                       "TrainingJobStatus", frozenset({"Completed"}),
-                       frozenset({"Failed", "Stopped"}), "/aws/sagemaker/TrainingJobs",
-                       "{name}/")
-TRANSFORM_JOB = Watched("transform job", "DescribeTransformJob", "TransformJobName",
-                        "TransformJobStatus", frozenset({"Completed"}),
-                        frozenset({"Failed", "Stopped"}), "/aws/sagemaker/TransformJobs",
-                        "{name}/")
-ENDPOINT = Watched("endpoint", "DescribeEndpoint", "EndpointName", "EndpointStatus",
-                   frozenset({"InService"}), frozenset({"Failed", "OutOfService"}),
-                   "/aws/sagemaker/Endpoints/{name}", "")
+TRAINING_JOB = Watched(
+    "training job",
+    "DescribeTrainingJob",
+    "TrainingJobName",
+    "TrainingJobStatus",
+    frozenset({"Completed"}),
+    frozenset({"Failed", "Stopped"}),
+    "/aws/sagemaker/TrainingJobs",
+    "{name}/",
+)
+TRANSFORM_JOB = Watched(
+    "transform job",
+    "DescribeTransformJob",
+    "TransformJobName",
+    "TransformJobStatus",
+    frozenset({"Completed"}),
+    frozenset({"Failed", "Stopped"}),
+    "/aws/sagemaker/TransformJobs",
+    "{name}/",
+)
+ENDPOINT = Watched(
+    "endpoint",
+    "DescribeEndpoint",
+    "EndpointName",
+    "EndpointStatus",
+    frozenset({"InService"}),
+    frozenset({"Failed", "OutOfService"}),
+    "/aws/sagemaker/Endpoints/{name}",
+    "",
+)
 
 
 def clients(region: str | None, profile: str | None) -> tuple[Any, Any]:
@@ -90,10 +109,13 @@ class LogTail:
 
     def poll(self) -> None:
         for stream in self._streams():
-            label = stream[len(self._prefix):]
+            label = stream[len(self._prefix) :]
             while True:
-                query = {"logGroupName": self._group, "logStreamName": stream,
-                         "startFromHead": True}
+                query = {
+                    "logGroupName": self._group,
+                    "logStreamName": stream,
+                    "startFromHead": True,
+                }
                 token = self._tokens.get(stream)
                 if token:
                     query["nextToken"] = token
@@ -106,14 +128,26 @@ class LogTail:
                 self._tokens[stream] = page["nextForwardToken"]
 
 
-def follow(client: Any, logs: Any | None, watched: Watched, name: str, *,
-           timeout_seconds: float, poll_seconds: float = 20.0,
-           sleep: Callable[[float], None] = time.sleep,
-           clock: Callable[[], float] = time.monotonic,
-           out: Callable[[str], None] = print) -> dict[str, Any]:
+def follow(
+    client: Any,
+    logs: Any | None,
+    watched: Watched,
+    name: str,
+    *,
+    timeout_seconds: float,
+    poll_seconds: float = 20.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    out: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Poll until `name` settles; return its last description. Raise FollowTimeout at the deadline."""
-    tail = LogTail(logs, watched.log_group.format(name=name),
-                   watched.stream_prefix.format(name=name), out) if logs is not None else None
+    tail = (
+        LogTail(
+            logs, watched.log_group.format(name=name), watched.stream_prefix.format(name=name), out
+        )
+        if logs is not None
+        else None
+    )
     deadline = clock() + timeout_seconds
     shown = ""
     while True:
@@ -131,7 +165,8 @@ def follow(client: Any, logs: Any | None, watched: Watched, name: str, *,
             raise FollowTimeout(
                 f"stopped following {watched.kind} {name} after {timeout_seconds:.0f} s: it is "
                 f"still {status} and keeps running on SageMaker; follow it again with --wait "
-                "and a larger --wait-timeout, or see the SageMaker console")
+                "and a larger --wait-timeout, or see the SageMaker console"
+            )
         sleep(max(0.0, min(poll_seconds, deadline - clock())))
 
 
@@ -140,7 +175,8 @@ def outcome(watched: Watched, description: dict[str, Any]) -> tuple[bool, str]:
     name, status = description[watched.name_key], description[watched.status_key]
     if status in watched.succeeded:
         artifact = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
-        return True, f"{watched.kind} {name} {status}" + (f": model at {artifact}"
-                                                          if artifact else "")
+        return True, f"{watched.kind} {name} {status}" + (
+            f": model at {artifact}" if artifact else ""
+        )
     reason = description.get("FailureReason", "no reason given")
     return False, f"{watched.kind} {name} {status}: {reason}"

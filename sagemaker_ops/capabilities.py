@@ -38,18 +38,56 @@ SERVING_RESPONSE_TYPES = MEDIA_TYPES
 LINE_CONTENT_TYPES = (CSV, JSONLINES)  # one record per line
 
 CPU_TRAINING_INSTANCE_TYPES = (
-    "ml.m5.xlarge", "ml.m5.2xlarge", "ml.m5.4xlarge", "ml.m5.12xlarge", "ml.m5.24xlarge",
-    "ml.c5.2xlarge", "ml.c5.4xlarge", "ml.c5.9xlarge", "ml.c5.18xlarge",
-    "ml.c5n.9xlarge", "ml.c5n.18xlarge",
-    "ml.m6i.2xlarge", "ml.m6i.8xlarge", "ml.m6i.32xlarge",
-    "ml.c6i.8xlarge", "ml.c6i.32xlarge")
+    "ml.m5.xlarge",
+    "ml.m5.2xlarge",
+    "ml.m5.4xlarge",
+    "ml.m5.12xlarge",
+    "ml.m5.24xlarge",
+    "ml.c5.2xlarge",
+    "ml.c5.4xlarge",
+    "ml.c5.9xlarge",
+    "ml.c5.18xlarge",
+    "ml.c5n.9xlarge",
+    "ml.c5n.18xlarge",
+    "ml.m6i.2xlarge",
+    "ml.m6i.8xlarge",
+    "ml.m6i.32xlarge",
+    "ml.c6i.8xlarge",
+    "ml.c6i.32xlarge",
+)
 GPU_TRAINING_INSTANCE_TYPES = (
-    "ml.g4dn.xlarge", "ml.g4dn.12xlarge", "ml.g5.xlarge", "ml.g5.2xlarge", "ml.g5.12xlarge",
-    "ml.g5.48xlarge", "ml.p3.2xlarge", "ml.p3.8xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge",
-    "ml.p4d.24xlarge", "ml.p5.48xlarge")
+    "ml.g4dn.xlarge",
+    "ml.g4dn.12xlarge",
+    "ml.g5.xlarge",
+    "ml.g5.2xlarge",
+    "ml.g5.12xlarge",
+    "ml.g5.48xlarge",
+    "ml.p3.2xlarge",
+    "ml.p3.8xlarge",
+    "ml.p3.16xlarge",
+    "ml.p3dn.24xlarge",
+    "ml.p4d.24xlarge",
+    "ml.p5.48xlarge",
+)
 REALTIME_INSTANCE_TYPES = (
-    "ml.t2.medium", "ml.m5.large", "ml.m5.xlarge", "ml.m5.2xlarge", "ml.c5.large",
-    "ml.c5.xlarge", "ml.c5.2xlarge", "ml.g4dn.xlarge", "ml.g5.xlarge")
+    "ml.t2.medium",
+    "ml.m5.large",
+    "ml.m5.xlarge",
+    "ml.m5.2xlarge",
+    "ml.c5.large",
+    "ml.c5.xlarge",
+    "ml.c5.2xlarge",
+    "ml.g4dn.xlarge",
+    "ml.g5.xlarge",
+)
 TRANSFORM_INSTANCE_TYPES = (
-    "ml.m5.large", "ml.m5.xlarge", "ml.m5.2xlarge", "ml.m5.4xlarge", "ml.c5.xlarge",
-    "ml.c5.2xlarge", "ml.c5.4xlarge", "ml.g4dn.xlarge", "ml.g5.xlarge")
+    "ml.m5.large",
+    "ml.m5.xlarge",
+    "ml.m5.2xlarge",
+    "ml.m5.4xlarge",
+    "ml.c5.xlarge",
+    "ml.c5.2xlarge",
+    "ml.c5.4xlarge",
+    "ml.g4dn.xlarge",
+    "ml.g5.xlarge",
+)

@@ -31,22 +31,32 @@ from job.validated import validate_hyperparameters
 
 DESCRIPTION_LIMIT = 1024  # EntityDescription's maximum in the SageMaker API
 _SPEC_TYPES = {"int": "Integer", "float": "Continuous", "bool": "Categorical", "str": "FreeText"}
-_RANGE_KEYS = {"Integer": "IntegerParameterRangeSpecification",
-               "Continuous": "ContinuousParameterRangeSpecification"}
+_RANGE_KEYS = {
+    "Integer": "IntegerParameterRangeSpecification",
+    "Continuous": "ContinuousParameterRangeSpecification",
+}
 
 
 def _spec(info: dict[str, Any], tunable: bool) -> dict[str, Any]:
     kind = _SPEC_TYPES[info["type"]]
     if info["choices"]:
         kind = "Categorical"
-    spec: dict[str, Any] = {"Name": info["name"], "Type": kind,
-                            "Description": _shorten(info["help"]),
-                            "IsTunable": tunable and kind != "FreeText", "IsRequired": False,
-                            "DefaultValue": encode(info["default"])}
+    spec: dict[str, Any] = {
+        "Name": info["name"],
+        "Type": kind,
+        "Description": _shorten(info["help"]),
+        "IsTunable": tunable and kind != "FreeText",
+        "IsRequired": False,
+        "DefaultValue": encode(info["default"]),
+    }
     if kind in _RANGE_KEYS and info["minimum"] is not None and info["maximum"] is not None:
         cast = int if kind == "Integer" else float
-        spec["Range"] = {_RANGE_KEYS[kind]: {"MinValue": encode(cast(info["minimum"])),
-                                             "MaxValue": encode(cast(info["maximum"]))}}
+        spec["Range"] = {
+            _RANGE_KEYS[kind]: {
+                "MinValue": encode(cast(info["minimum"])),
+                "MaxValue": encode(cast(info["maximum"])),
+            }
+        }
     elif kind == "Categorical":
         values = info["choices"] or [encode(True), encode(False)]
         spec["Range"] = {"CategoricalParameterRangeSpecification": {"Values": list(values)}}
@@ -54,21 +64,23 @@ def _spec(info: dict[str, Any], tunable: bool) -> dict[str, Any]:
 
 
 def _shorten(text: str) -> str:
-    return text if len(text) <= DESCRIPTION_LIMIT else text[:DESCRIPTION_LIMIT - 1] + "…"
+    return text if len(text) <= DESCRIPTION_LIMIT else text[: DESCRIPTION_LIMIT - 1] + "…"
 
 
 def supported_hyperparameters(script_mode: bool = True) -> list[dict[str, Any]]:
     """SupportedHyperParameters: the trainer's (tunable) then the launcher's (not tunable),
     without those of OWN_CODE when the algorithm runs no code of the job's own."""
     left_out = () if script_mode else OWN_CODE
-    return ([_spec(info, tunable=True) for info in describe(TrainerConfig)]
-            + [_spec(info, tunable=False) for info in describe(LaunchConfig)
-               if info["name"] not in left_out])
+    return [_spec(info, tunable=True) for info in describe(TrainerConfig)] + [
+        _spec(info, tunable=False)
+        for info in describe(LaunchConfig)
+        if info["name"] not in left_out
+    ]
 
 
-def check_job_hyperparameters(raw: Mapping[str, Any],
-                              environment: Mapping[str, str] | None = None
-                              ) -> tuple[dict[str, str], str]:
+def check_job_hyperparameters(
+    raw: Mapping[str, Any], environment: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], str]:
     """Validate a job's hyperparameters as the launcher will; return (the string map to send,
     the script or ''). ConfigError carries the launcher's message."""
     values = {str(key): encode(value) for key, value in raw.items()}

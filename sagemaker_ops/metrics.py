@@ -24,8 +24,8 @@ NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 
 @dataclass(frozen=True)
 class Metric:
-    key: str        # as the trainer prints it (the Keras history key)
-    name: str       # as SageMaker shows it
+    key: str  # as the trainer prints it (the Keras history key)
+    name: str  # as SageMaker shows it
     objective: str  # "Minimize", "Maximize", or "" when not a tuning objective
 
     @property

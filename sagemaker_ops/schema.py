@@ -62,7 +62,8 @@ def _pattern_matcher(pattern: str) -> Callable[[str], bool] | None:
     categories = set(re.findall(r"\\p\{([A-Z])\}", body))
     literals = set(re.sub(r"\\(.)", r"\1", re.sub(r"\\p\{[A-Z]\}", "", body)))
     return lambda text: all(
-        char in literals or unicodedata.category(char)[0] in categories for char in text)
+        char in literals or unicodedata.category(char)[0] in categories for char in text
+    )
 
 
 def _enum_problem(path: str, value: str, allowed: list[str]) -> str:
@@ -70,8 +71,10 @@ def _enum_problem(path: str, value: str, allowed: list[str]) -> str:
         return f"{path}: {value!r} is not valid; choose one of {', '.join(allowed)}"
     close = difflib.get_close_matches(value, allowed, n=4, cutoff=0.6)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
-    return (f"{path}: {value!r} is not valid; {hint}({len(allowed)} values are valid, such as "
-            f"{', '.join(allowed[:6])})")
+    return (
+        f"{path}: {value!r} is not valid; {hint}({len(allowed)} values are valid, such as "
+        f"{', '.join(allowed[:6])})"
+    )
 
 
 def _check(value: Any, shape: Shape, path: str, problems: list[str]) -> None:
@@ -93,15 +96,19 @@ def _check(value: Any, shape: Shape, path: str, problems: list[str]) -> None:
                 _check(item, shape.value, f"{path}.{key}", problems)
     elif kind == "string" and isinstance(value, str):
         if "max" in meta and len(value) > meta["max"]:
-            problems.append(
-                f"{path}: {len(value)} characters; at most {meta['max']} allowed")
+            problems.append(f"{path}: {len(value)} characters; at most {meta['max']} allowed")
         if shape.enum and value not in shape.enum:
             problems.append(_enum_problem(path, value, list(shape.enum)))
         matcher = _pattern_matcher(meta["pattern"]) if "pattern" in meta else None
         if matcher and not matcher(value):
             problems.append(f"{path}: {value!r} does not match the pattern {meta['pattern']}")
-    elif (kind in ("integer", "long", "float", "double") and not isinstance(value, bool)
-          and isinstance(value, (int, float)) and "max" in meta and value > meta["max"]):
+    elif (
+        kind in ("integer", "long", "float", "double")
+        and not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and "max" in meta
+        and value > meta["max"]
+    ):
         problems.append(f"{path}: {value} is above the maximum {meta['max']}")
 
 
@@ -109,8 +116,11 @@ def problems(operation: str, params: dict) -> list[str]:
     """Everything the schema says is wrong with `params` for `operation`; empty when valid."""
     shape = input_shape(operation)
     report = botocore.validate.ParamValidator().validate(params, shape)
-    found = [line.strip() for line in report.generate_report().splitlines() if line.strip()] \
-        if report.has_errors() else []
+    found = (
+        [line.strip() for line in report.generate_report().splitlines() if line.strip()]
+        if report.has_errors()
+        else []
+    )
     _check(params, shape, "", found)
     return found
 
@@ -119,6 +129,8 @@ def validate(operation: str, params: dict) -> dict:
     """Return `params` unchanged when the schema accepts it; raise ConfigError listing all faults."""
     found = problems(operation, params)
     if found:
-        raise ConfigError(f"the {operation} request does not fit the SageMaker API schema:\n  "
-                          + "\n  ".join(found))
+        raise ConfigError(
+            f"the {operation} request does not fit the SageMaker API schema:\n  "
+            + "\n  ".join(found)
+        )
     return params

@@ -26,8 +26,11 @@ from job.sagemaker_config import Channel, JobConfig, ResourceConfig, write_job_c
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file, too
 from scripts.digits_files import KINDS, write_digits  # noqa: E402
 
-CONTENT_TYPES = {"csv": "text/csv", "tfrecord": "application/x-tfrecord",
-                 "images": "application/x-image"}
+CONTENT_TYPES = {
+    "csv": "text/csv",
+    "tfrecord": "application/x-tfrecord",
+    "images": "application/x-image",
+}
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "build" / "default-job"
 
 
@@ -41,20 +44,35 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ml-root", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--model", choices=("mlp", "cnn", "resnet50", "mobilenet_v2"),
-                        default="mlp")
-    parser.add_argument("--data", choices=KINDS, default="csv",
-                        help="the kind of channel files (tfrecord and images: 32x32 PNGs)")
+    parser.add_argument(
+        "--model", choices=("mlp", "cnn", "resnet50", "mobilenet_v2"), default="mlp"
+    )
+    parser.add_argument(
+        "--data",
+        choices=KINDS,
+        default="csv",
+        help="the kind of channel files (tfrecord and images: 32x32 PNGs)",
+    )
     parser.add_argument("--no-run", action="store_true", help="only write the job tree")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an extra hyperparameter (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra hyperparameter (repeatable)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
-    hyperparameters = {"epochs": args.epochs, "processes_per_host": args.processes,
-                       "model": args.model, "learning_rate": 0.002, "warmup_epochs": 1}
+    hyperparameters = {
+        "epochs": args.epochs,
+        "processes_per_host": args.processes,
+        "model": args.model,
+        "learning_rate": 0.002,
+        "warmup_epochs": 1,
+    }
     if args.model == "cnn":
         hyperparameters["image_shape"] = "8,8,1"
     for item in args.set:
@@ -64,8 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         hyperparameters[key] = value
     shutil.rmtree(args.ml_root, ignore_errors=True)
     paths = MlPaths(args.ml_root)
-    write_job_config(JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"),
-                               hyperparameters, digits_channels(args.data)))
+    write_job_config(
+        JobConfig(
+            paths,
+            ResourceConfig("algo-1", ("algo-1",), "lo"),
+            hyperparameters,
+            digits_channels(args.data),
+        )
+    )
     write_digits(paths.data_dir, args.data)
     print(f"default job: digits written as {args.data} under {args.ml_root}", flush=True)
     if args.no_run:
@@ -75,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     metadata = ModelMetadata.read(args.ml_root / "model")
     if code == 0 and metadata is not None:
         metrics = metadata.info["final_metrics"]
-        print(f"default job: validation accuracy {metrics.get('val_accuracy', float('nan')):.4f}"
-              f", model written to {args.ml_root / 'model'}")
+        print(
+            f"default job: validation accuracy {metrics.get('val_accuracy', float('nan')):.4f}"
+            f", model written to {args.ml_root / 'model'}"
+        )
     else:
         failure = args.ml_root / "output" / "failure"
         print(f"default job: FAILED: {failure.read_text() if failure.exists() else code}")

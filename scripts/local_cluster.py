@@ -57,9 +57,14 @@ IMAGE_PATHS = MlPaths()  # where SageMaker puts things inside the container
 DEFAULT_IMAGE = "sagemaker-horovod:cpu"
 TF_IMAGE = "sagemaker-horovod:tf-cpu"  # the TensorFlow 2.21 stack's CPU image (make build-tf)
 DEFAULT_WORKDIR = REPO / "build" / "local-cluster"
-CONTENT_TYPES = {".csv": "text/csv", ".json": "application/json",
-                 ".jsonl": "application/jsonlines", ".npy": "application/x-npy",
-                 ".npz": "application/x-npz", ".parquet": "application/x-parquet"}
+CONTENT_TYPES = {
+    ".csv": "text/csv",
+    ".json": "application/json",
+    ".jsonl": "application/jsonlines",
+    ".npy": "application/x-npy",
+    ".npz": "application/x-npz",
+    ".parquet": "application/x-parquet",
+}
 
 
 # ----------------------------------------------------------------------------- the plan ---
@@ -84,8 +89,10 @@ class ClusterSpec:
         if self.hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {self.hosts}")
         if self.groups and sum(count for _, count, _ in self.groups) != self.hosts:
-            raise ValueError(f"the instance groups hold {sum(c for _, c, _ in self.groups)} "
-                             f"hosts, not {self.hosts}")
+            raise ValueError(
+                f"the instance groups hold {sum(c for _, c, _ in self.groups)} "
+                f"hosts, not {self.hosts}"
+            )
         if self.sharded and self.data is None:
             raise ValueError("--sharded needs --data with the channels to split")
 
@@ -100,8 +107,10 @@ class ClusterSpec:
         found = {p.name: p.resolve() for p in sorted(self.data.iterdir()) if p.is_dir()}
         unknown = sorted(self.sharded - set(found))
         if unknown:
-            raise ValueError(f"--sharded names channel(s) {', '.join(unknown)} not found in "
-                             f"{self.data}; channels there: {', '.join(found) or 'none'}")
+            raise ValueError(
+                f"--sharded names channel(s) {', '.join(unknown)} not found in "
+                f"{self.data}; channels there: {', '.join(found) or 'none'}"
+            )
         return found
 
 
@@ -113,7 +122,7 @@ def instance_groups(spec: ClusterSpec) -> tuple[InstanceGroup, ...]:
     """The spec's groups with their hosts, dealt in the order the groups were given."""
     names, first, groups = spec.host_names, 0, []
     for name, count, instance_type in spec.groups:
-        groups.append(InstanceGroup(name, instance_type, tuple(names[first:first + count])))
+        groups.append(InstanceGroup(name, instance_type, tuple(names[first : first + count])))
         first += count
     return tuple(groups)
 
@@ -123,8 +132,9 @@ def parse_group(text: str) -> tuple[str, int, str]:
     name, _, rest = text.partition(":")
     count, _, instance_type = rest.partition(":")
     if not name or not count.isdigit() or int(count) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give NAME:COUNT[:TYPE], such as "
-                                         "train:2:ml.p4d.24xlarge")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give NAME:COUNT[:TYPE], such as train:2:ml.p4d.24xlarge"
+        )
     return name, int(count), instance_type or "local"
 
 
@@ -136,15 +146,24 @@ def content_type(folder: Path) -> str:
 
 def job_config(spec: ClusterSpec, host: str) -> JobConfig:
     """The job SageMaker would describe to `host`, for its tree under the workdir."""
-    channels = {name: Channel(name, content_type(folder), "File",
-                              "ShardedByS3Key" if name in spec.sharded else "FullyReplicated")
-                for name, folder in spec.channels().items()}
+    channels = {
+        name: Channel(
+            name,
+            content_type(folder),
+            "File",
+            "ShardedByS3Key" if name in spec.sharded else "FullyReplicated",
+        )
+        for name, folder in spec.channels().items()
+    }
     groups = instance_groups(spec)
     group = next((g for g in groups if host in g.hosts), None)
-    resources = ResourceConfig(host, tuple(spec.host_names), spec.interface,
-                               spec.instance_type) if group is None else \
-        ResourceConfig(host, tuple(spec.host_names), spec.interface, group.instance_type,
-                       group.name, groups)
+    resources = (
+        ResourceConfig(host, tuple(spec.host_names), spec.interface, spec.instance_type)
+        if group is None
+        else ResourceConfig(
+            host, tuple(spec.host_names), spec.interface, group.instance_type, group.name, groups
+        )
+    )
     return JobConfig(host_paths(spec, host), resources, dict(spec.hyperparameters), channels)
 
 
@@ -174,12 +193,16 @@ def compose_file(spec: ClusterSpec) -> dict[str, Any]:
     services = {}
     for host in spec.host_names:
         own, image = host_paths(spec, host), IMAGE_PATHS
-        volumes = [f"{own.config_dir}:{image.config_dir}:ro",
-                   f"{own.output_dir}:{image.output_dir}",
-                   f"{own.model_dir}:{image.model_dir}",
-                   f"{own.checkpoint_dir}:{image.checkpoint_dir}"]
-        volumes += [f"{channel_source(spec, host, name, folder)}:{image.channel(name)}:ro"
-                    for name, folder in channels.items()]
+        volumes = [
+            f"{own.config_dir}:{image.config_dir}:ro",
+            f"{own.output_dir}:{image.output_dir}",
+            f"{own.model_dir}:{image.model_dir}",
+            f"{own.checkpoint_dir}:{image.checkpoint_dir}",
+        ]
+        volumes += [
+            f"{channel_source(spec, host, name, folder)}:{image.channel(name)}:ro"
+            for name, folder in channels.items()
+        ]
         services[host] = {
             "image": spec.image,
             "hostname": host,
@@ -190,10 +213,13 @@ def compose_file(spec: ClusterSpec) -> dict[str, Any]:
             # SageMaker sends SIGTERM and kills 120 s later; `down` allows the same.
             "stop_grace_period": "120s",
         }
-    return {"services": services, "networks": {NETWORK: {}},
-            # podman-compose would otherwise put every service in one pod, sharing one
-            # network namespace (one address for all hosts); docker compose ignores x- keys.
-            "x-podman": {"in_pod": False}}
+    return {
+        "services": services,
+        "networks": {NETWORK: {}},
+        # podman-compose would otherwise put every service in one pod, sharing one
+        # network namespace (one address for all hosts); docker compose ignores x- keys.
+        "x-podman": {"in_pod": False},
+    }
 
 
 # ------------------------------------------------------------------------ the files -------
@@ -221,8 +247,10 @@ def write_cluster(spec: ClusterSpec) -> Path:
                 (target / relative).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(folder / relative, target / relative)
     path = workdir / "docker-compose.yml"
-    path.write_text("# Written by scripts/local_cluster.py; rewritten on every run.\n"
-                    + yaml.safe_dump(compose_file(spec), sort_keys=False))
+    path.write_text(
+        "# Written by scripts/local_cluster.py; rewritten on every run.\n"
+        + yaml.safe_dump(compose_file(spec), sort_keys=False)
+    )
     return path
 
 
@@ -255,8 +283,10 @@ class Engine:
     def detect(cls) -> Engine:
         """What scripts/engine.sh picks (the one rule, shared with the Makefile and the shell
         scripts); RuntimeError with its reason when it finds none."""
-        script = f"source {REPO / 'scripts' / 'engine.sh'} && echo \"$ENGINE\" && " \
-                 "echo \"${CONTAINERS_CONF:-}\""
+        script = (
+            f'source {REPO / "scripts" / "engine.sh"} && echo "$ENGINE" && '
+            'echo "${CONTAINERS_CONF:-}"'
+        )
         found = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
         if found.returncode:
             raise RuntimeError(found.stderr.strip() or "scripts/engine.sh found no engine")
@@ -270,10 +300,17 @@ class Engine:
         local = Path(sys.executable).with_name("podman-compose")
         return [str(local)] if local.exists() else ["podman-compose"]
 
-    def run(self, *args: str, check: bool = True, capture: bool = True,
-            timeout: float | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([self.name, *args], env=dict(self.env), check=check,
-                              capture_output=capture, text=True, timeout=timeout)
+    def run(
+        self, *args: str, check: bool = True, capture: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.name, *args],
+            env=dict(self.env),
+            check=check,
+            capture_output=capture,
+            text=True,
+            timeout=timeout,
+        )
 
     def labelled(self, having: str, *labels: str, check: bool = True) -> list[list[str]]:
         """Each container (running or not) with the label `having` (`key` or `key=value`): the
@@ -282,8 +319,16 @@ class Engine:
         template names a label .Label "key", podman's index .Labels "key")."""
         field = '.Label "{}"' if self.name == "docker" else 'index .Labels "{}"'
         template = "".join("{{" + field.format(label) + "}} " for label in labels) + "{{.ID}}"
-        lines = self.run("ps", "-a", "--no-trunc", "--filter", f"label={having}", "--format",
-                         template, check=check).stdout
+        lines = self.run(
+            "ps",
+            "-a",
+            "--no-trunc",
+            "--filter",
+            f"label={having}",
+            "--format",
+            template,
+            check=check,
+        ).stdout
         return [line.split() for line in lines.splitlines() if line.strip()]
 
 
@@ -295,32 +340,48 @@ class ComposeCluster:
     compose_path: Path
     project: str
 
-    def compose(self, *args: str, check: bool = True, capture: bool = False,
-                timeout: float | None = None) -> subprocess.CompletedProcess:
-        argv = [*self.engine.compose_command(), "-p", self.project, "-f",
-                str(self.compose_path), *args]
-        return subprocess.run(argv, env=dict(self.engine.env), check=check,
-                              capture_output=capture, text=True, timeout=timeout)
+    def compose(
+        self, *args: str, check: bool = True, capture: bool = False, timeout: float | None = None
+    ) -> subprocess.CompletedProcess:
+        argv = [
+            *self.engine.compose_command(),
+            "-p",
+            self.project,
+            "-f",
+            str(self.compose_path),
+            *args,
+        ]
+        return subprocess.run(
+            argv,
+            env=dict(self.engine.env),
+            check=check,
+            capture_output=capture,
+            text=True,
+            timeout=timeout,
+        )
 
     def containers(self) -> dict[str, str]:
         """Service (host) name -> container id, for this project's containers."""
-        return dict(self.engine.labelled(f"com.docker.compose.project={self.project}",
-                                         "com.docker.compose.service"))
+        return dict(
+            self.engine.labelled(
+                f"com.docker.compose.project={self.project}", "com.docker.compose.service"
+            )
+        )
 
     def state(self, host: str) -> dict[str, Any]:
         return self._state(self.containers()[host])
 
     def _state(self, container: str) -> dict[str, Any]:
-        return json.loads(self.engine.run("inspect", "--format", "{{json .State}}",
-                                          container).stdout)
+        return json.loads(
+            self.engine.run("inspect", "--format", "{{json .State}}", container).stdout
+        )
 
     def wait_all_exited(self, timeout: float) -> dict[str, int]:
         """Poll until every container has exited; host -> exit code. TimeoutError names the
         hosts still running."""
         deadline = time.monotonic() + timeout
         while True:
-            states = {host: self._state(container)
-                      for host, container in self.containers().items()}
+            states = {host: self._state(container) for host, container in self.containers().items()}
             running = sorted(h for h, s in states.items() if s.get("Running"))
             if not running:
                 return {host: int(s.get("ExitCode", -1)) for host, s in states.items()}
@@ -342,19 +403,27 @@ def spec_from_arguments(args: argparse.Namespace) -> ClusterSpec:
     groups = tuple(args.instance_group)
     return ClusterSpec(
         hosts=sum(count for _, count, _ in groups) if groups else args.hosts,
-        groups=groups, workdir=args.workdir, data=args.data, image=args.image,
+        groups=groups,
+        workdir=args.workdir,
+        data=args.data,
+        image=args.image,
         sharded=frozenset(args.sharded),
         hyperparameters=read_hyperparameters(args.hyperparameters, args.hp),
-        job_name=args.job_name, instance_type=args.instance_type,
-        environment=dict(pair.split("=", 1) for pair in args.env))
+        job_name=args.job_name,
+        instance_type=args.instance_type,
+        environment=dict(pair.split("=", 1) for pair in args.env),
+    )
 
 
 def train(spec: ClusterSpec, project: str, wait_timeout: float) -> int:
     path = write_cluster(spec)
     engine = Engine.detect()
     cluster = ComposeCluster(engine, path, project)
-    print(f"local_cluster: {spec.hosts} host(s) of {spec.image} with {engine.name}; "
-          f"compose file {path}", flush=True)
+    print(
+        f"local_cluster: {spec.hosts} host(s) of {spec.image} with {engine.name}; "
+        f"compose file {path}",
+        flush=True,
+    )
     try:
         cluster.compose("up", "--abort-on-container-exit", check=False)
         try:
@@ -382,14 +451,25 @@ def report(spec: ClusterSpec, codes: Mapping[str, int]) -> int:
 
 def serve(image: str, model: Path, port: int) -> int:
     if not model.is_dir() or not any(model.iterdir()):
-        print(f"local_cluster: no model in {model}; run `make local-train` first",
-              file=sys.stderr)
+        print(f"local_cluster: no model in {model}; run `make local-train` first", file=sys.stderr)
         return 1
     engine = Engine.detect()
-    argv = [engine.name, "run", "--rm", "-p", f"{port}:8080",
-            "-v", f"{model.resolve()}:{IMAGE_PATHS.model_dir}:ro", image, "serve"]
-    print(f"local_cluster: serving {model} on http://localhost:{port} "
-          f"(/ping, /invocations); Ctrl-C stops it", flush=True)
+    argv = [
+        engine.name,
+        "run",
+        "--rm",
+        "-p",
+        f"{port}:8080",
+        "-v",
+        f"{model.resolve()}:{IMAGE_PATHS.model_dir}:ro",
+        image,
+        "serve",
+    ]
+    print(
+        f"local_cluster: serving {model} on http://localhost:{port} "
+        f"(/ping, /invocations); Ctrl-C stops it",
+        flush=True,
+    )
     return subprocess.run(argv, env=dict(engine.env)).returncode
 
 
@@ -399,25 +479,47 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("write", "train"):
         sub = commands.add_parser(name)
         sub.add_argument("--hosts", type=int, default=2)
-        sub.add_argument("--instance-group", action="append", default=[], type=parse_group,
-                         metavar="NAME:COUNT[:TYPE]",
-                         help="a heterogeneous cluster: one per group, instead of --hosts")
+        sub.add_argument(
+            "--instance-group",
+            action="append",
+            default=[],
+            type=parse_group,
+            metavar="NAME:COUNT[:TYPE]",
+            help="a heterogeneous cluster: one per group, instead of --hosts",
+        )
         sub.add_argument("--image", default=DEFAULT_IMAGE)
         sub.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
         sub.add_argument("--data", type=Path, help="folder whose sub-folders are the channels")
-        sub.add_argument("--sharded", action="append", default=[], metavar="CHANNEL",
-                         help="split this channel across the hosts (ShardedByS3Key)")
+        sub.add_argument(
+            "--sharded",
+            action="append",
+            default=[],
+            metavar="CHANNEL",
+            help="split this channel across the hosts (ShardedByS3Key)",
+        )
         sub.add_argument("--hyperparameters", type=Path, help="JSON file of hyperparameters")
         sub.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
-        sub.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                         help="extra environment for every container")
+        sub.add_argument(
+            "--env",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="extra environment for every container",
+        )
         sub.add_argument("--job-name", default="local-training-job")
         sub.add_argument("--instance-type", default="local")
         if name == "train":
-            sub.add_argument("--project", default="sagemaker-local",
-                             help="compose project name (prefixes containers and network)")
-            sub.add_argument("--wait-timeout", type=float, default=300.0,
-                             help="seconds to wait for the hosts to exit after the first one")
+            sub.add_argument(
+                "--project",
+                default="sagemaker-local",
+                help="compose project name (prefixes containers and network)",
+            )
+            sub.add_argument(
+                "--wait-timeout",
+                type=float,
+                default=300.0,
+                help="seconds to wait for the hosts to exit after the first one",
+            )
     sub = commands.add_parser("serve")
     sub.add_argument("--image", default=DEFAULT_IMAGE)
     sub.add_argument("--model", type=Path, default=DEFAULT_WORKDIR / "algo-1" / "model")

@@ -30,23 +30,38 @@ GUIDE = REPO / "train" / "examples" / "keras_guide_script.py"
 SHOWN = ("rank(s)", "METRICS", "RESULT", "launcher: job", "process ", "WEIGHTS", "ACCURACY")
 
 
-def run_job(engine: Engine, image: str, hyperparameters: dict[str, str],
-            script: Path | None = None) -> int:
+def run_job(
+    engine: Engine, image: str, hyperparameters: dict[str, str], script: Path | None = None
+) -> int:
     """One job of 2 processes in one container of `image` (its script in /opt/ml/code)."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder) / "ml"
-        subprocess.run([sys.executable, str(REPO / "scripts" / "default_job.py"), "--ml-root",
-                        str(root), "--no-run"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts" / "default_job.py"),
+                "--ml-root",
+                str(root),
+                "--no-run",
+            ],
+            check=True,
+            capture_output=True,
+        )
         values = {"processes_per_host": "2", **hyperparameters}
         if script is not None:
             (root / "code").mkdir(exist_ok=True)
             shutil.copy(script, root / "code" / script.name)
             values["sagemaker_program"] = script.name
         (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(values))
-        job = engine.run("run", "--rm", "-v", f"{root}:/opt/ml", image, "train", check=False,
-                         timeout=900)
-    print("\n".join(line for line in job.stdout.splitlines()
-                    if any(shown in line for shown in SHOWN)), flush=True)
+        job = engine.run(
+            "run", "--rm", "-v", f"{root}:/opt/ml", image, "train", check=False, timeout=900
+        )
+    print(
+        "\n".join(
+            line for line in job.stdout.splitlines() if any(shown in line for shown in SHOWN)
+        ),
+        flush=True,
+    )
     if job.returncode:
         print(job.stdout[-3000:] + job.stderr[-3000:], file=sys.stderr)
     return job.returncode
@@ -56,9 +71,13 @@ def main(image: str) -> int:
     engine = Engine.detect()
     size = json.loads(engine.run("image", "inspect", image).stdout)[0]["Size"]
     print(f"tf_image_check: {image} is {size / 1e9:.2f} GB", flush=True)
-    jobs = {"the built-in trainer (MultiWorkerMirroredStrategy)":
-            ({"epochs": "3", "learning_rate": "0.002"}, None),
-            "a Keras 3 guide script (keras.distribution on JAX)": ({"epochs": "3"}, GUIDE)}
+    jobs = {
+        "the built-in trainer (MultiWorkerMirroredStrategy)": (
+            {"epochs": "3", "learning_rate": "0.002"},
+            None,
+        ),
+        "a Keras 3 guide script (keras.distribution on JAX)": ({"epochs": "3"}, GUIDE),
+    }
     codes = []
     for name, (hyperparameters, script) in jobs.items():
         code = run_job(engine, image, hyperparameters, script)

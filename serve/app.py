@@ -71,11 +71,13 @@ def _check_not_stalled(batcher: MicroBatcher, config: ServeConfig) -> None:
     if stalled_s > config.timeout_s:
         raise ModelUnavailable(
             f"a model call has not returned for {stalled_s:.0f} s, longer than the "
-            f"{config.timeout_s} s request timeout (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+            f"{config.timeout_s} s request timeout (SAGEMAKER_MODEL_SERVER_TIMEOUT)"
+        )
 
 
-def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
-               budget: DecodeBudget) -> Flask:
+def create_app(
+    config: ServeConfig, model: Model, batcher: MicroBatcher, budget: DecodeBudget
+) -> Flask:
     """The app serving `model` through `batcher`, decoding within `budget`. The model is not
     loaded here."""
     app = Flask(__name__)
@@ -105,15 +107,22 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
 
     @app.get("/execution-parameters")
     def execution_parameters() -> dict:
-        return {"MaxConcurrentTransforms": config.concurrent_transforms,
-                "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": config.max_payload_mb}
+        return {
+            "MaxConcurrentTransforms": config.concurrent_transforms,
+            "BatchStrategy": "MULTI_RECORD",
+            "MaxPayloadInMB": config.max_payload_mb,
+        }
 
     @app.get("/metrics")
     def metrics() -> dict:
-        return {"pid": os.getpid(), "model_ready": model.ready,
-                "model_call_running_s": round(batcher.stalled_s(), 3),
-                "requests_waiting": batcher.waiting(), "decoding_peak_bytes": budget.peak_bytes,
-                **dataclasses.asdict(batcher.stats)}
+        return {
+            "pid": os.getpid(),
+            "model_ready": model.ready,
+            "model_call_running_s": round(batcher.stalled_s(), 3),
+            "requests_waiting": batcher.waiting(),
+            "decoding_peak_bytes": budget.peak_bytes,
+            **dataclasses.asdict(batcher.stats),
+        }
 
     @app.errorhandler(Exception)
     def error(exception: Exception) -> Response:
@@ -127,9 +136,17 @@ def create_app(config: ServeConfig, model: Model, batcher: MicroBatcher,
     def log_failure(response: Response) -> Response:
         if response.status_code >= 400:
             latency_ms = (time.perf_counter() - g.started) * 1000
-            log.info("request", extra={"fields": {
-                "method": request.method, "path": request.path,
-                "status": response.status_code, "latency_ms": round(latency_ms, 3)}})
+            log.info(
+                "request",
+                extra={
+                    "fields": {
+                        "method": request.method,
+                        "path": request.path,
+                        "status": response.status_code,
+                        "latency_ms": round(latency_ms, 3),
+                    }
+                },
+            )
         return response
 
     return app
@@ -141,18 +158,30 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
     if isinstance(exception, RequestError):
         status, message = exception.status, str(exception)
     elif isinstance(exception, TimeoutError):  # the batcher's or the decode budget's deadline
-        status, message = ModelUnavailable.status, (
-            f"no prediction within {config.timeout_s} s (SAGEMAKER_MODEL_SERVER_TIMEOUT): "
-            "the server is overloaded")
+        status, message = (
+            ModelUnavailable.status,
+            (
+                f"no prediction within {config.timeout_s} s (SAGEMAKER_MODEL_SERVER_TIMEOUT): "
+                "the server is overloaded"
+            ),
+        )
     elif isinstance(exception, Overloaded):
-        status, message = ModelUnavailable.status, (
-            f"the server is overloaded ({exception}, SERVE_MAX_QUEUE={config.max_queue}); "
-            f"retry in {RETRY_AFTER_S} s")
+        status, message = (
+            ModelUnavailable.status,
+            (
+                f"the server is overloaded ({exception}, SERVE_MAX_QUEUE={config.max_queue}); "
+                f"retry in {RETRY_AFTER_S} s"
+            ),
+        )
         headers["Retry-After"] = str(RETRY_AFTER_S)
     elif isinstance(exception, RequestEntityTooLarge):
-        status, message = exception.code, (
-            f"the request body is larger than {config.max_payload_mb} MB, the limit set by "
-            "SAGEMAKER_MAX_PAYLOAD_IN_MB; split it into smaller requests")
+        status, message = (
+            exception.code,
+            (
+                f"the request body is larger than {config.max_payload_mb} MB, the limit set by "
+                "SAGEMAKER_MAX_PAYLOAD_IN_MB; split it into smaller requests"
+            ),
+        )
         _drain_body()
         headers["Connection"] = "close"
     elif isinstance(exception, NotFound):
@@ -165,11 +194,11 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
     elif isinstance(exception, HTTPException):
         status, message = exception.code, exception.description
     else:
-        log.error("the server failed on %s %s", request.method, request.path,
-                  exc_info=exception)
+        log.error("the server failed on %s %s", request.method, request.path, exc_info=exception)
         status, message = 500, "the server failed to answer; the cause is in its log"
-    return Response(json.dumps({"error": message}), status=status,
-                    mimetype="application/json", headers=headers)
+    return Response(
+        json.dumps({"error": message}), status=status, mimetype="application/json", headers=headers
+    )
 
 
 def _read_body(config: ServeConfig, deadline: float) -> bytes:
@@ -201,10 +230,13 @@ def _read_body(config: ServeConfig, deadline: float) -> bytes:
     if time.monotonic() >= deadline:
         raise BodyTimeout(
             f"the request body had not fully arrived {config.timeout_s} s after the request "
-            "began (SAGEMAKER_MODEL_SERVER_TIMEOUT); send it faster, or in smaller requests")
-    raise BadInput(f"the request body ended after {size} bytes, before the end its "
-                   "Content-Length or chunks declare: the client stopped sending; send the "
-                   "whole body")
+            "began (SAGEMAKER_MODEL_SERVER_TIMEOUT); send it faster, or in smaller requests"
+        )
+    raise BadInput(
+        f"the request body ended after {size} bytes, before the end its "
+        "Content-Length or chunks declare: the client stopped sending; send the "
+        "whole body"
+    )
 
 
 def _drain_body() -> None:

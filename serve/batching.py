@@ -189,8 +189,9 @@ class MicroBatcher:
             self._settle(request, outputs=outputs[start:end])
             start = end
 
-    def _settle(self, request: _Request, outputs: np.ndarray | None = None,
-                error: Exception | None = None) -> None:
+    def _settle(
+        self, request: _Request, outputs: np.ndarray | None = None, error: Exception | None = None
+    ) -> None:
         with self._lock:
             if request.state is _State.EXPIRED:  # its thread has answered 503 already
                 return
@@ -200,8 +201,12 @@ class MicroBatcher:
     def _predict_chunked(self, batch: np.ndarray) -> np.ndarray:
         if len(batch) <= self._max_batch_size:
             return self._predict(batch)
-        return np.concatenate([self._predict(batch[start:start + self._max_batch_size])
-                               for start in range(0, len(batch), self._max_batch_size)])
+        return np.concatenate(
+            [
+                self._predict(batch[start : start + self._max_batch_size])
+                for start in range(0, len(batch), self._max_batch_size)
+            ]
+        )
 
     def _count(self, call: list[_Request], instances: int) -> None:
         with self._lock:

@@ -17,9 +17,13 @@ from serve.server import PortInUse, run_server
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
     parser = argparse.ArgumentParser(prog="serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--ml-root", type=Path, default=DEFAULT_ML_ROOT,
-                        help="the SageMaker directory tree; the model is read from "
-                             f"ML_ROOT/model (default: {DEFAULT_ML_ROOT})")
+    parser.add_argument(
+        "--ml-root",
+        type=Path,
+        default=DEFAULT_ML_ROOT,
+        help="the SageMaker directory tree; the model is read from "
+        f"ML_ROOT/model (default: {DEFAULT_ML_ROOT})",
+    )
     args = parser.parse_args(argv)
     try:
         return config_from_env(args.ml_root)

@@ -96,16 +96,24 @@ def negotiate(accept: str | None) -> str:
         if quality > best_quality:
             best, best_quality = media_type, quality
     if best is None:
-        raise NotAcceptable(f"cannot answer in any type the Accept header {accept!r} allows; "
-                            f"accept one of {', '.join(MEDIA_TYPES)}")
+        raise NotAcceptable(
+            f"cannot answer in any type the Accept header {accept!r} allows; "
+            f"accept one of {', '.join(MEDIA_TYPES)}"
+        )
     return best
 
 
 # Text charsets a body may declare, by Python's canonical codec name. Others are refused before
 # any byte is decoded: some codecs (punycode, the compression and escape codecs) cost minutes
 # of CPU on a crafted body, and no client of a model server needs them.
-CHARSETS = {"utf-8": "utf-8", "ascii": "ascii", "iso8859-1": "latin-1", "utf-16": "utf-16",
-            "utf-16-le": "utf-16", "utf-16-be": "utf-16"}
+CHARSETS = {
+    "utf-8": "utf-8",
+    "ascii": "ascii",
+    "iso8859-1": "latin-1",
+    "utf-16": "utf-16",
+    "utf-16-le": "utf-16",
+    "utf-16-be": "utf-16",
+}
 # Largest dimension an .npy header may declare; numpy itself refuses beyond this.
 NPY_MAX_DIMENSION = 2**31 - 1
 
@@ -119,12 +127,14 @@ def _text(body: bytes, charset: str | None) -> str:
     if not known:
         raise UnsupportedContentType(
             f"charset {encoding!r} is not supported; use one of "
-            f"{', '.join(sorted(set(CHARSETS.values())))}")
+            f"{', '.join(sorted(set(CHARSETS.values())))}"
+        )
     try:
         return body.decode(encoding)
     except UnicodeDecodeError as error:
-        raise BadInput(f"the body is not valid {encoding} text: {error.reason} at byte "
-                       f"{error.start}") from None
+        raise BadInput(
+            f"the body is not valid {encoding} text: {error.reason} at byte {error.start}"
+        ) from None
 
 
 def _lines(text: str) -> list[str]:
@@ -153,8 +163,10 @@ def _describe_bad_instance(instances: list) -> str:
         if first_shape is None:
             first_shape = array.shape
         elif array.shape != first_shape:
-            return (f"instance {index} has shape {list(array.shape)}, but instance 0 has shape "
-                    f"{list(first_shape)}")
+            return (
+                f"instance {index} has shape {list(array.shape)}, but instance 0 has shape "
+                f"{list(first_shape)}"
+            )
     return "the instances do not form an array of numbers"
 
 
@@ -173,10 +185,11 @@ def _named_rows(instances: list) -> dict[str, np.ndarray]:
     names = instances[0].keys()
     for index, instance in enumerate(instances):
         if not isinstance(instance, dict) or instance.keys() != names:
-            raise BadInput(f"instance {index} does not name the same inputs as instance 0 "
-                           f"({', '.join(names)}); send every instance as an object of them")
-    return {name: _instances_to_array([instance[name] for instance in instances])
-            for name in names}
+            raise BadInput(
+                f"instance {index} does not name the same inputs as instance 0 "
+                f"({', '.join(names)}); send every instance as an object of them"
+            )
+    return {name: _instances_to_array([instance[name] for instance in instances]) for name in names}
 
 
 def _decode_json(body: bytes, charset: str | None) -> Decoded:
@@ -188,22 +201,31 @@ def _decode_json(body: bytes, charset: str | None) -> Decoded:
         return Decoded(_rows(document))
     signature = document.get("signature_name", SIGNATURE)
     if signature != SIGNATURE:
-        raise BadInput(f"signature_name {signature!r} is not served; this model is served "
-                       f"through {SIGNATURE!r}")
+        raise BadInput(
+            f"signature_name {signature!r} is not served; this model is served "
+            f"through {SIGNATURE!r}"
+        )
     keys = [key for key in ("instances", "inputs") if key in document]
     unknown = sorted(set(document) - {"instances", "inputs", "signature_name"})
     if len(keys) != 1 or unknown:
-        raise BadInput('a JSON object body needs exactly one of the keys "instances" or '
-                       f'"inputs" (and optionally "signature_name"), got keys '
-                       f'{sorted(document)[:10]}')
+        raise BadInput(
+            'a JSON object body needs exactly one of the keys "instances" or '
+            f'"inputs" (and optionally "signature_name"), got keys '
+            f"{sorted(document)[:10]}"
+        )
     if keys == ["instances"]:
         return Decoded(_rows(document["instances"]))
     inputs = document["inputs"]
     if isinstance(inputs, dict):
         if not inputs:
             raise BadInput('"inputs" names no input')
-        return Decoded({name: _instances_to_array(value) if isinstance(value, list)
-                        else np.array(value) for name, value in inputs.items()}, columnar=True)
+        return Decoded(
+            {
+                name: _instances_to_array(value) if isinstance(value, list) else np.array(value)
+                for name, value in inputs.items()
+            },
+            columnar=True,
+        )
     return Decoded(_rows(inputs), columnar=True)
 
 
@@ -218,22 +240,30 @@ def _rows(instances: Any) -> np.ndarray | dict[str, np.ndarray]:
 def _decode_jsonlines(body: bytes, charset: str | None) -> np.ndarray | dict[str, np.ndarray]:
     """One instance per line, as in the "instances" list: an array, or an object of named
     inputs."""
-    return _rows([_json(line, f"instance {index} (line {index + 1})")
-                  for index, line in enumerate(_lines(_text(body, charset)))])
+    return _rows(
+        [
+            _json(line, f"instance {index} (line {index + 1})")
+            for index, line in enumerate(_lines(_text(body, charset)))
+        ]
+    )
 
 
 def _describe_bad_row(rows: list[list[str]]) -> str:
     for index, row in enumerate(rows):
         if len(row) != len(rows[0]):
-            return (f"instance {index} (line {index + 1}) has {len(row)} values, but line 1 "
-                    f"has {len(rows[0])}")
+            return (
+                f"instance {index} (line {index + 1}) has {len(row)} values, but line 1 "
+                f"has {len(rows[0])}"
+            )
         for column, value in enumerate(row):
             try:
                 float(value)
             except ValueError:
                 hint = " (CSV input must not have a header row)" if index == 0 else ""
-                return (f"instance {index} (line {index + 1}), value {column + 1}: {value!r} is "
-                        f"not a number{hint}")
+                return (
+                    f"instance {index} (line {index + 1}), value {column + 1}: {value!r} is "
+                    f"not a number{hint}"
+                )
     return "the rows do not form a table of numbers"
 
 
@@ -268,31 +298,41 @@ def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
     stream = io.BytesIO(body)
     try:
         version = np.lib.format.read_magic(stream)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        read_header = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
         if read_header is None:
             raise BadInput(f".npy format version {version} is not supported; use 1.0 or 2.0")
         shape, fortran_order, dtype = read_header(stream)
     except ValueError as error:
         raise BadInput(f"the body is not a valid .npy array: {error}") from None
     if not all(0 <= dimension <= NPY_MAX_DIMENSION for dimension in shape):
-        raise BadInput(f"the .npy header declares shape {list(shape)}: every dimension must be "
-                       f"between 0 and {NPY_MAX_DIMENSION}")
+        raise BadInput(
+            f"the .npy header declares shape {list(shape)}: every dimension must be "
+            f"between 0 and {NPY_MAX_DIMENSION}"
+        )
     if dtype.kind not in "iuf":
         refused = " (object arrays are pickles and are never loaded)" if dtype.hasobject else ""
         raise BadInput(f".npy arrays must hold numbers, got dtype {dtype}{refused}")
-    data = body[stream.tell():]
+    data = body[stream.tell() :]
     expected = math.prod(shape) * dtype.itemsize  # Python ints: a huge shape cannot wrap
     if len(data) != expected:
-        raise BadInput(f"the .npy header declares shape {list(shape)} of {dtype} "
-                       f"({expected} bytes), but {len(data)} bytes of data follow it")
+        raise BadInput(
+            f"the .npy header declares shape {list(shape)} of {dtype} "
+            f"({expected} bytes), but {len(data)} bytes of data follow it"
+        )
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
 # JSON's decoder says more (named inputs, the columnar form); the others give the instances.
 Decoder = Callable[[bytes, "str | None"], "Decoded | np.ndarray | dict[str, np.ndarray]"]
-_DECODERS: dict[str, Decoder] = {JSON: _decode_json, CSV: _decode_csv,
-                                 JSONLINES: _decode_jsonlines, NPY: _decode_npy}
+_DECODERS: dict[str, Decoder] = {
+    JSON: _decode_json,
+    CSV: _decode_csv,
+    JSONLINES: _decode_jsonlines,
+    NPY: _decode_npy,
+}
 
 
 def decode(body: bytes, mimetype: str, charset: str | None) -> Decoded:
@@ -301,7 +341,8 @@ def decode(body: bytes, mimetype: str, charset: str | None) -> Decoded:
     if decoder is None:
         raise UnsupportedContentType(
             f"Content-Type {mimetype or '(none)'!r} is not supported; use one of "
-            f"{', '.join(MEDIA_TYPES)}")
+            f"{', '.join(MEDIA_TYPES)}"
+        )
     if not body:
         raise BadInput("the request body is empty: send at least one instance")
     decoded = decoder(body, charset)
@@ -312,12 +353,16 @@ def _records(outputs: np.ndarray, interface: ModelInterface) -> list:
     """One JSON value per instance: the raw output (an object of named outputs when there are
     several), or a classifier's label and probabilities."""
     if outputs.dtype.names:
-        return [{name: outputs[name][index].tolist() for name in outputs.dtype.names}
-                for index in range(len(outputs))]
+        return [
+            {name: outputs[name][index].tolist() for name in outputs.dtype.names}
+            for index in range(len(outputs))
+        ]
     if interface.classes is None:
         return outputs.tolist()
-    return [{"class": interface.classes[index], "probabilities": probabilities}
-            for index, probabilities in zip(outputs.argmax(axis=1).tolist(), outputs.tolist())]
+    return [
+        {"class": interface.classes[index], "probabilities": probabilities}
+        for index, probabilities in zip(outputs.argmax(axis=1).tolist(), outputs.tolist())
+    ]
 
 
 def _encode_json(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
@@ -326,8 +371,9 @@ def _encode_json(outputs: np.ndarray, interface: ModelInterface, columnar: bool)
     if not columnar:
         return json.dumps({"predictions": _records(outputs, interface)}).encode()
     if outputs.dtype.names:
-        return json.dumps({"outputs": {name: outputs[name].tolist()
-                                       for name in outputs.dtype.names}}).encode()
+        return json.dumps(
+            {"outputs": {name: outputs[name].tolist() for name in outputs.dtype.names}}
+        ).encode()
     return json.dumps({"outputs": _records(outputs, interface)}).encode()
 
 
@@ -339,8 +385,9 @@ def _encode_jsonlines(outputs: np.ndarray, interface: ModelInterface, columnar: 
 
 def _flat(outputs: np.ndarray) -> np.ndarray:
     if outputs.dtype.names:
-        return np.concatenate([outputs[name].reshape(len(outputs), -1)
-                               for name in outputs.dtype.names], axis=1)
+        return np.concatenate(
+            [outputs[name].reshape(len(outputs), -1) for name in outputs.dtype.names], axis=1
+        )
     return outputs.reshape(len(outputs), -1)
 
 
@@ -359,20 +406,27 @@ def _encode_csv(outputs: np.ndarray, interface: ModelInterface, columnar: bool) 
 
 def _encode_npy(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
     if outputs.dtype.names:
-        raise NotAcceptable(f"an .npy answer holds one array, but the model has "
-                            f"{len(outputs.dtype.names)} outputs "
-                            f"({', '.join(outputs.dtype.names)}); accept application/json")
+        raise NotAcceptable(
+            f"an .npy answer holds one array, but the model has "
+            f"{len(outputs.dtype.names)} outputs "
+            f"({', '.join(outputs.dtype.names)}); accept application/json"
+        )
     buffer = io.BytesIO()
     np.save(buffer, outputs, allow_pickle=False)
     return buffer.getvalue()
 
 
 _ENCODERS: dict[str, Callable[[np.ndarray, ModelInterface, bool], bytes]] = {
-    JSON: _encode_json, CSV: _encode_csv, JSONLINES: _encode_jsonlines, NPY: _encode_npy}
+    JSON: _encode_json,
+    CSV: _encode_csv,
+    JSONLINES: _encode_jsonlines,
+    NPY: _encode_npy,
+}
 
 
-def encode(outputs: np.ndarray, interface: ModelInterface, mimetype: str, *,
-           columnar: bool = False) -> bytes:
+def encode(
+    outputs: np.ndarray, interface: ModelInterface, mimetype: str, *, columnar: bool = False
+) -> bytes:
     """The response body for `outputs` in `mimetype`, one of MEDIA_TYPES; `columnar` when the
     request used JSON's "inputs" form."""
     return _ENCODERS[mimetype](outputs, interface, columnar)

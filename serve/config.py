@@ -86,13 +86,14 @@ class ServeConfig:
     @property
     def decode_budget_bytes(self) -> int:
         """Bytes of request bodies one worker decodes at once (see serve.limits)."""
-        return (self.decode_mb * 1024 * 1024 or 2 * (self.max_payload_bytes or 6 * 1024 * 1024))
+        return self.decode_mb * 1024 * 1024 or 2 * (self.max_payload_bytes or 6 * 1024 * 1024)
 
     @property
     def concurrent_transforms(self) -> int:
         """What batch transform is told it may send at once (see TRANSFORMS_PER_WORKER)."""
-        return self.max_concurrent_transforms or self.workers * min(self.threads,
-                                                                    TRANSFORMS_PER_WORKER)
+        return self.max_concurrent_transforms or self.workers * min(
+            self.threads, TRANSFORMS_PER_WORKER
+        )
 
 
 def _check(name: str, value: int, minimum: int, maximum: int) -> None:
@@ -117,13 +118,15 @@ def config_from_env(ml_root: Path, env: Mapping[str, str] | None = None) -> Serv
     return ServeConfig(
         ml_root=ml_root,
         port=_read(env, "SAGEMAKER_BIND_TO_PORT", defaults.port),
-        workers=_read(env, "SAGEMAKER_MODEL_SERVER_WORKERS",
-                      default_workers(cpu_count(), gpu_count())),
+        workers=_read(
+            env, "SAGEMAKER_MODEL_SERVER_WORKERS", default_workers(cpu_count(), gpu_count())
+        ),
         threads=_read(env, "SERVE_THREADS", defaults.threads),
         timeout_s=_read(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", defaults.timeout_s),
         max_payload_mb=_read(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", defaults.max_payload_mb),
-        max_concurrent_transforms=_read(env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS",
-                                        defaults.max_concurrent_transforms),
+        max_concurrent_transforms=_read(
+            env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", defaults.max_concurrent_transforms
+        ),
         max_batch_size=_read(env, "SERVE_MAX_BATCH_SIZE", defaults.max_batch_size),
         max_queue=_read(env, "SERVE_MAX_QUEUE", defaults.max_queue),
         decode_mb=_read(env, "SERVE_DECODE_MB", defaults.decode_mb),

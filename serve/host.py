@@ -55,8 +55,12 @@ def default_workers(cpus: int, gpus: int) -> int:
 def tensorflow_environment(cpus: int) -> dict[str, str]:
     """Environment for one worker's TensorFlow: every core for one call, and TensorFlow's own
     CPU kernels rather than oneDNN's."""
-    return {"TF_NUM_INTRAOP_THREADS": str(cpus), "TF_NUM_INTEROP_THREADS": "1",
-            "OMP_NUM_THREADS": str(cpus), "TF_ENABLE_ONEDNN_OPTS": "0"}
+    return {
+        "TF_NUM_INTRAOP_THREADS": str(cpus),
+        "TF_NUM_INTEROP_THREADS": "1",
+        "OMP_NUM_THREADS": str(cpus),
+        "TF_ENABLE_ONEDNN_OPTS": "0",
+    }
 
 
 def worker_core(slot: int, cores: Collection[int]) -> int:

@@ -94,12 +94,12 @@ def verdict(data: bytes) -> Verdict:
     if len(data) >= PEEK_BYTES or data.startswith(b"\r\n"):
         return Verdict.STREAM
     end = data.find(b"\r\n\r\n")
-    head = data if end < 0 else data[:end + 2]  # each header line then ends with CRLF
+    head = data if end < 0 else data[: end + 2]  # each header line then ends with CRLF
     if head.count(b"\n") != head.count(b"\r\n"):
         return Verdict.STREAM  # a bare LF: gunicorn refuses the head at once
     if end < 0:
         return Verdict.WAIT if data else Verdict.WHOLE
-    head, body = head.lower(), data[end + 4:]
+    head, body = head.lower(), data[end + 4 :]
     if b"\r\nexpect:" in head:  # the client waits for 100 Continue before sending its body
         return Verdict.STREAM
     lengths = _values(head, b"content-length")
@@ -126,7 +126,7 @@ def chunked_verdict(body: bytes) -> Verdict:
         position = line_end + 2 + int(size, 16) + 2
         if position > len(body):
             return Verdict.WAIT
-        if body[position - 2:position] != b"\r\n":
+        if body[position - 2 : position] != b"\r\n":
             return Verdict.STREAM
     return Verdict.WAIT
 
@@ -137,7 +137,7 @@ def _values(head: bytes, name: bytes) -> list[bytes]:
     start = head.find(key)
     while start >= 0:
         line_end = head.find(b"\r\n", start + len(key))
-        values.append(head[start + len(key):line_end].strip(b" \t"))
+        values.append(head[start + len(key) : line_end].strip(b" \t"))
         start = head.find(key, line_end)
     return values
 
@@ -300,12 +300,12 @@ class IntakePool(ThreadPoolExecutor):
                 if fd == self._wake:
                     os.eventfd_read(self._wake)
                 elif (request := self._waiting.get(fd)) is not None:
-                    self._safely(request, self._look_again, request, now,
-                                 ended=bool(mask & _ENDED))
+                    self._safely(request, self._look_again, request, now, ended=bool(mask & _ENDED))
             self._expire(now)
 
-    def _safely(self, request: _Request, action: Callable[..., None], *args: Any,
-                **kwargs: Any) -> None:
+    def _safely(
+        self, request: _Request, action: Callable[..., None], *args: Any, **kwargs: Any
+    ) -> None:
         """Run the watcher's `action` on one connection. Whatever it raises is logged and
         costs that connection its wait, never the watcher: every waiting request needs the
         watcher for its deadline, and without it a request that arrived in pieces would wait

@@ -38,8 +38,9 @@ class DecodeBudget:
                 self._take(size)
         if not room:
             with self._freed:
-                if not self._freed.wait_for(lambda: self._has_room(size),
-                                            timeout=max(0.0, deadline - time.monotonic())):
+                if not self._freed.wait_for(
+                    lambda: self._has_room(size), timeout=max(0.0, deadline - time.monotonic())
+                ):
                     raise TimeoutError("no room to decode the body before the deadline")
                 self._take(size)
         try:

@@ -17,10 +17,14 @@ class JsonFormatter(logging.Formatter):
     """Formats a record as {"time", "level", "logger", "message", **fields, "exception"}."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-                + f".{int(record.msecs):03d}Z",
-                "level": record.levelname, "logger": record.name,
-                "message": record.getMessage(), **getattr(record, "fields", {})}
+        line = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
@@ -29,8 +33,7 @@ class JsonFormatter(logging.Formatter):
 def logging_config(level: str = "INFO") -> dict:
     """A logging.config.dictConfig that sends everything, gunicorn's loggers included, to
     stderr as JSON lines; gunicorn takes it as its `logconfig_dict` setting."""
-    handler = {"class": "logging.StreamHandler", "formatter": "json",
-               "stream": "ext://sys.stderr"}
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
     return {
         "version": 1,
         "disable_existing_loggers": False,

@@ -56,8 +56,15 @@ def _latest_version(folder: Path) -> Path | None:
     """`folder` if it holds a SavedModel, else its highest numeric version that does."""
     if (folder / SAVED_MODEL_FILE).is_file():
         return folder
-    versions = [child for child in folder.iterdir() if child.name.isdigit()
-                and (child / SAVED_MODEL_FILE).is_file()] if folder.is_dir() else []
+    versions = (
+        [
+            child
+            for child in folder.iterdir()
+            if child.name.isdigit() and (child / SAVED_MODEL_FILE).is_file()
+        ]
+        if folder.is_dir()
+        else []
+    )
     return max(versions, key=lambda child: int(child.name), default=None)
 
 
@@ -72,30 +79,41 @@ def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
         if named.suffix == KERAS_SUFFIX and named.is_file():
             return named
         if not named.is_dir():
-            raise ModelLoadError(f"the SavedModel directory {named} named by {METADATA_FILE} "
-                                 "model_path does not exist")
+            raise ModelLoadError(
+                f"the SavedModel directory {named} named by {METADATA_FILE} "
+                "model_path does not exist"
+            )
         return _latest_version(named) or named
     if not model_dir.is_dir():
-        raise ModelLoadError(f"no model to serve: {model_dir} does not exist; SageMaker unpacks "
-                             "the model artifact (model.tar.gz) there")
+        raise ModelLoadError(
+            f"no model to serve: {model_dir} does not exist; SageMaker unpacks "
+            "the model artifact (model.tar.gz) there"
+        )
     found = _latest_version(model_dir)
     if found:
         return found
-    named = {child.name: path for child in sorted(model_dir.iterdir())
-             if child.is_dir() and (path := _latest_version(child))}
-    named |= {child.name: child for child in sorted(model_dir.glob(f"*{KERAS_SUFFIX}"))
-              if child.is_file()}
+    named = {
+        child.name: path
+        for child in sorted(model_dir.iterdir())
+        if child.is_dir() and (path := _latest_version(child))
+    }
+    named |= {
+        child.name: child for child in sorted(model_dir.glob(f"*{KERAS_SUFFIX}")) if child.is_file()
+    }
     if len(named) == 1:
         return next(iter(named.values()))
     if named:
-        raise ModelLoadError(f"{model_dir} holds several models ({', '.join(named)}); keep one, "
-                             f"or add a {METADATA_FILE} whose model_path names the one to serve")
+        raise ModelLoadError(
+            f"{model_dir} holds several models ({', '.join(named)}); keep one, "
+            f"or add a {METADATA_FILE} whose model_path names the one to serve"
+        )
     raise ModelLoadError(
         f"no model to serve: {model_dir} holds no TensorFlow SavedModel ({SAVED_MODEL_FILE} in "
         f"it, in <version>/, <name>/ or <name>/<version>/), no <name>{KERAS_SUFFIX} file and no "
         f"{METADATA_FILE}; save the "
         "model with model.save(os.path.join(os.environ['SM_MODEL_DIR'], 'model')) or "
-        "train.distributed.export(model)")
+        "train.distributed.export(model)"
+    )
 
 
 def horovod_op_library() -> Path | None:
@@ -120,18 +138,25 @@ def _register_horovod_ops(tf, path: Path) -> None:
 
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString((path / SAVED_MODEL_FILE).read_bytes())
-    if any(node.op.startswith("Horovod") for graph in proto.meta_graphs
-           for function in graph.graph_def.library.function for node in function.node_def):
+    if any(
+        node.op.startswith("Horovod")
+        for graph in proto.meta_graphs
+        for function in graph.graph_def.library.function
+        for node in function.node_def
+    ):
         library = horovod_op_library()
         if library is None:
-            raise ModelLoadError(f"{path} uses Horovod's ops (model.save kept the "
-                                 "DistributedOptimizer) and Horovod is not installed; save with "
-                                 "include_optimizer=False or train.distributed.export")
+            raise ModelLoadError(
+                f"{path} uses Horovod's ops (model.save kept the "
+                "DistributedOptimizer) and Horovod is not installed; save with "
+                "include_optimizer=False or train.distributed.export"
+            )
         tf.load_op_library(str(library))
 
 
-def _flat_call(signature, inputs: tuple[TensorSpec, ...]
-               ) -> Callable[[dict[str, np.ndarray]], dict] | None:
+def _flat_call(
+    signature, inputs: tuple[TensorSpec, ...]
+) -> Callable[[dict[str, np.ndarray]], dict] | None:
     """The signature's graph function called with its flat tensors, or None if this
     TensorFlow has no such function or it does not answer as the signature does.
 
@@ -166,19 +191,24 @@ def _flat_call(signature, inputs: tuple[TensorSpec, ...]
         return dict(zip(output_names, flat))
 
     rng = np.random.default_rng(0)
-    probe = {spec.name: rng.uniform(0, 2, (3, *[d or 2 for d in spec.shape])).astype(spec.dtype)
-             for spec in inputs}
+    probe = {
+        spec.name: rng.uniform(0, 2, (3, *[d or 2 for d in spec.shape])).astype(spec.dtype)
+        for spec in inputs
+    }
     try:
         fast, public = call(probe), signature(**probe)
         same = fast.keys() == public.keys() and all(
-            np.array_equal(fast[name].numpy(), public[name].numpy()) for name in public)
+            np.array_equal(fast[name].numpy(), public[name].numpy()) for name in public
+        )
     except Exception as error:  # any failure: keep the public call
-        log.warning("calling %s through its flat function failed (%s); using the public call",
-                    SIGNATURE, error)
+        log.warning(
+            "calling %s through its flat function failed (%s); using the public call",
+            SIGNATURE,
+            error,
+        )
         return None
     if not same:
-        log.warning("the flat function of %s answers differently; using the public call",
-                    SIGNATURE)
+        log.warning("the flat function of %s answers differently; using the public call", SIGNATURE)
         return None
     return call
 
@@ -186,11 +216,14 @@ def _flat_call(signature, inputs: tuple[TensorSpec, ...]
 def _spec(name: str, shape, dtype) -> TensorSpec:
     dtype = np.dtype(dtype.as_numpy_dtype)
     if dtype.kind not in SUPPORTED_KINDS:
-        raise ModelLoadError(f"input {name!r} has dtype {dtype}; the server feeds numeric "
-                             "inputs only (JSON, CSV and .npy numbers)")
+        raise ModelLoadError(
+            f"input {name!r} has dtype {dtype}; the server feeds numeric "
+            "inputs only (JSON, CSV and .npy numbers)"
+        )
     if shape.rank is None or shape.rank == 0:
-        raise ModelLoadError(f"input {name!r} has shape {shape}; the server needs a batch "
-                             "dimension first")
+        raise ModelLoadError(
+            f"input {name!r} has shape {shape}; the server needs a batch dimension first"
+        )
     return TensorSpec(name, tuple(shape.as_list()[1:]), dtype)
 
 
@@ -248,19 +281,26 @@ class Model:
         try:
             _register_horovod_ops(tf, path)
             loaded = tf.saved_model.load(str(path))
-        except (OSError, ValueError, ImportError, tf.errors.OpError,
-                message.DecodeError) as error:
+        except (OSError, ValueError, ImportError, tf.errors.OpError, message.DecodeError) as error:
             raise ModelLoadError(f"{path} is not a loadable SavedModel: {error}") from error
         self._saved_model = loaded
         signature = loaded.signatures.get(SIGNATURE)
-        inputs, outputs = self._from_signature(signature) if signature is not None \
+        inputs, outputs = (
+            self._from_signature(signature)
+            if signature is not None
             else self._from_keras(tf, path, metadata)
+        )
         self._finish_load(inputs, outputs, metadata)
 
-    def _finish_load(self, inputs: tuple[TensorSpec, ...], outputs: tuple[str, ...],
-                     metadata: ModelMetadata | None) -> None:
-        self.interface = ModelInterface(inputs=inputs, outputs=outputs,
-                                        classes=metadata.classes if metadata else None)
+    def _finish_load(
+        self,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[str, ...],
+        metadata: ModelMetadata | None,
+    ) -> None:
+        self.interface = ModelInterface(
+            inputs=inputs, outputs=outputs, classes=metadata.classes if metadata else None
+        )
         self._warm_up()
         # TensorFlow's Python objects (about half a million) never die; frozen, they leave the
         # collector's full passes, which otherwise stop every request thread for ~200 ms
@@ -274,53 +314,74 @@ class Model:
         self._call = _flat_call(signature, inputs) or (lambda feed: signature(**feed))
         return inputs, tuple(sorted(signature.structured_outputs))
 
-    def _from_keras(self, tf, path: Path, metadata: ModelMetadata | None
-                    ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+    def _from_keras(
+        self, tf, path: Path, metadata: ModelMetadata | None
+    ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
         """A Keras SavedModel without a serving signature: the Keras model's own inputs."""
         try:
             keras_model = tf.keras.models.load_model(str(path), compile=False)
         except (OSError, ValueError, ImportError, tf.errors.OpError) as error:
-            raise ModelLoadError(f"{path} has no {SIGNATURE} signature and is not a loadable "
-                                 f"Keras SavedModel: {error}") from error
+            raise ModelLoadError(
+                f"{path} has no {SIGNATURE} signature and is not a loadable "
+                f"Keras SavedModel: {error}"
+            ) from error
         return self._keras_forward(tf, keras_model, metadata)
 
-    def _keras_forward(self, tf, keras_model, metadata: ModelMetadata | None
-                       ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+    def _keras_forward(
+        self, tf, keras_model, metadata: ModelMetadata | None
+    ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
         """A Keras model's forward pass on its own inputs, traced once (tf.keras or Keras 3 on
         the TensorFlow backend)."""
         if not getattr(keras_model, "inputs", None):
             raise ModelLoadError(
                 f"the Keras model {keras_model.name!r} declares no inputs (a subclassed model "
                 "that was never built on a keras.Input); save it as a SavedModel with "
-                "model.export(os.path.join(os.environ['SM_MODEL_DIR'], 'model'))")
-        names = getattr(keras_model, "input_names", None) or [
-            t.name for t in keras_model.inputs]
-        specs = [tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype), name) for t, name in
-                 zip(keras_model.inputs, names)]
+                "model.export(os.path.join(os.environ['SM_MODEL_DIR'], 'model'))"
+            )
+        names = getattr(keras_model, "input_names", None) or [t.name for t in keras_model.inputs]
+        specs = [
+            tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype), name)
+            for t, name in zip(keras_model.inputs, names)
+        ]
         if len(specs) == 1 and metadata and metadata.input_shape:  # the trainer's own exports
             specs = [tf.TensorSpec((None, *metadata.input_shape), tf.float32, specs[0].name)]
         names = list(keras_model.output_names)
         forward = tf.function(
-            lambda feed: dict(zip(names, tf.nest.flatten(keras_model(
-                [feed[s.name] for s in specs] if len(specs) > 1 else feed[specs[0].name],
-                training=False)))),
-            input_signature=[{s.name: s for s in specs}]).get_concrete_function()
+            lambda feed: dict(
+                zip(
+                    names,
+                    tf.nest.flatten(
+                        keras_model(
+                            [feed[s.name] for s in specs]
+                            if len(specs) > 1
+                            else feed[specs[0].name],
+                            training=False,
+                        )
+                    ),
+                )
+            ),
+            input_signature=[{s.name: s for s in specs}],
+        ).get_concrete_function()
         self._call = forward
         return tuple(_spec(s.name, s.shape, s.dtype) for s in specs), tuple(names)
 
     def _warm_up(self) -> None:
         interface = self.interface
-        zeros = {spec.name: np.zeros((1, *[d or 1 for d in spec.shape]), spec.dtype)
-                 for spec in interface.inputs}
+        zeros = {
+            spec.name: np.zeros((1, *[d or 1 for d in spec.shape]), spec.dtype)
+            for spec in interface.inputs
+        }
         try:
             outputs = self._run(zeros)
         except Exception as error:  # any failure of the model's own graph
             raise ModelLoadError(f"the warm-up prediction failed: {error}") from error
         if interface.classes is not None and (
-                len(interface.outputs) != 1 or outputs.shape != (1, len(interface.classes))):
+            len(interface.outputs) != 1 or outputs.shape != (1, len(interface.classes))
+        ):
             raise ModelLoadError(
                 f"the model outputs shape {list(outputs.shape[1:])} per instance, but "
-                f"{METADATA_FILE} lists {len(interface.classes)} classes")
+                f"{METADATA_FILE} lists {len(interface.classes)} classes"
+            )
 
     def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         outputs = self._call(feed)
@@ -358,8 +419,9 @@ def _saved_by(path: Path) -> str:
         with zipfile.ZipFile(path) as archive:
             return str(json.loads(archive.read("metadata.json")).get("keras_version", ""))
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
-        raise ModelLoadError(f"{path} is not a Keras model file (a zip archive with "
-                             f"metadata.json): {error}") from error
+        raise ModelLoadError(
+            f"{path} is not a Keras model file (a zip archive with metadata.json): {error}"
+        ) from error
 
 
 def _load_keras_file(path: Path):
@@ -369,15 +431,20 @@ def _load_keras_file(path: Path):
     import keras
 
     if saved_by.startswith("3.") and keras.__version__.startswith("2."):
-        raise ModelLoadError(f"{path} was saved by Keras {saved_by}, which this image's Keras "
-                             f"{keras.__version__} cannot read; serve it with the TensorFlow "
-                             "2.21 image (make build-tf)")
+        raise ModelLoadError(
+            f"{path} was saved by Keras {saved_by}, which this image's Keras "
+            f"{keras.__version__} cannot read; serve it with the TensorFlow "
+            "2.21 image (make build-tf)"
+        )
     backend = keras.backend.backend()
     if backend != "tensorflow":
-        raise ModelLoadError(f"Keras was already started on the {backend} backend; the server "
-                             "calls models through TensorFlow")
+        raise ModelLoadError(
+            f"Keras was already started on the {backend} backend; the server "
+            "calls models through TensorFlow"
+        )
     try:
         return keras.models.load_model(str(path), compile=False)
     except Exception as error:  # Keras raises many kinds for a file it cannot read
-        raise ModelLoadError(f"{path} is not a loadable Keras model: "
-                             f"{type(error).__name__}: {error}") from error
+        raise ModelLoadError(
+            f"{path} is not a loadable Keras model: {type(error).__name__}: {error}"
+        ) from error

@@ -64,8 +64,9 @@ class Worker(ThreadWorker):
     (gunicorn_options); a connection that has sent nothing waits its `keepalive`."""
 
     def get_thread_pool(self) -> IntakePool:
-        return IntakePool(self.cfg.threads, request_timeout_s=self.cfg.timeout,
-                          idle_timeout_s=self.cfg.keepalive)
+        return IntakePool(
+            self.cfg.threads, request_timeout_s=self.cfg.timeout, idle_timeout_s=self.cfg.keepalive
+        )
 
 
 def _pin_gpu(server: Any, worker: Any) -> None:
@@ -93,7 +94,8 @@ def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
     """gunicorn's settings for `config`."""
     slots = WorkerSlots()
     gpu_hooks = {"post_fork": _pin_gpu} if gpu_count() else {}
-    return {**gpu_hooks,
+    return {
+        **gpu_hooks,
         "pre_fork": slots.assign,
         "child_exit": slots.free,
         "post_worker_init": _pin_python,
@@ -148,8 +150,10 @@ def check_port_free(port: int) -> None:
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 raise
-            raise PortInUse(f"port {port} is in use by another process; stop it or choose "
-                            "another port with SAGEMAKER_BIND_TO_PORT") from None
+            raise PortInUse(
+                f"port {port} is in use by another process; stop it or choose "
+                "another port with SAGEMAKER_BIND_TO_PORT"
+            ) from None
 
 
 def run_server(config: ServeConfig) -> None:

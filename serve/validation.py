@@ -24,7 +24,8 @@ def _expected(spec: TensorSpec) -> str:
 
 def _fits(shape: tuple[int, ...], spec: TensorSpec) -> bool:
     return len(shape) == len(spec.shape) and all(
-        want is None or got == want for got, want in zip(shape, spec.shape))
+        want is None or got == want for got, want in zip(shape, spec.shape)
+    )
 
 
 def _check_input(instances: np.ndarray, spec: TensorSpec, label: str) -> np.ndarray:
@@ -37,50 +38,68 @@ def _check_input(instances: np.ndarray, spec: TensorSpec, label: str) -> np.ndar
         if spec.fixed and shape == (spec.size,):
             instances = instances.reshape((len(instances), *spec.shape))
         else:
-            raise BadInput(f"{label}each instance has shape {list(shape)}, but the model "
-                           f"expects {_expected(spec)}")
+            raise BadInput(
+                f"{label}each instance has shape {list(shape)}, but the model "
+                f"expects {_expected(spec)}"
+            )
     limits = np.finfo(spec.dtype) if spec.dtype.kind == "f" else np.iinfo(spec.dtype)
     representable = np.isfinite(instances) & (instances >= limits.min) & (instances <= limits.max)
     if spec.dtype.kind != "f":
         representable &= np.mod(instances, 1) == 0
     if not representable.all():
         index, *position = np.argwhere(~representable)[0].tolist()
-        kind = ("NaN, infinite or beyond the float32 range" if spec.dtype == np.float32
-                else f"not representable as {spec.dtype}")
-        raise BadInput(f"{label}instance {index} has a value at position {position} that is "
-                       f"{kind}")
+        kind = (
+            "NaN, infinite or beyond the float32 range"
+            if spec.dtype == np.float32
+            else f"not representable as {spec.dtype}"
+        )
+        raise BadInput(f"{label}instance {index} has a value at position {position} that is {kind}")
     return instances.astype(spec.dtype, copy=False)
 
 
-def validate(inputs: np.ndarray | dict[str, np.ndarray], interface: ModelInterface
-             ) -> np.ndarray:
+def validate(inputs: np.ndarray | dict[str, np.ndarray], interface: ModelInterface) -> np.ndarray:
     """The batch for the model: one array for one input, a structured array for several."""
     names = interface.input_names
     if not isinstance(inputs, dict):
         if len(names) != 1:
-            raise BadInput(f"the model has {len(names)} inputs ({', '.join(names)}): send "
-                           'named inputs, as JSON {"instances": [{"name": ...}, ...]} or '
-                           '{"inputs": {"name": [...], ...}}')
+            raise BadInput(
+                f"the model has {len(names)} inputs ({', '.join(names)}): send "
+                'named inputs, as JSON {"instances": [{"name": ...}, ...]} or '
+                '{"inputs": {"name": [...], ...}}'
+            )
         return _check_input(inputs, interface.inputs[0], "")
     missing = [name for name in names if name not in inputs]
     unknown = sorted(set(inputs) - set(names))
     if missing or unknown:
-        raise BadInput(f"the model's inputs are {', '.join(names)}; "
-                       + "; ".join(part for part in (
-                           missing and f"missing: {', '.join(missing)}",
-                           unknown and f"unknown: {', '.join(unknown)}") if part))
-    checked = {spec.name: _check_input(inputs[spec.name], spec, f"input {spec.name!r}: ")
-               for spec in interface.inputs}
+        raise BadInput(
+            f"the model's inputs are {', '.join(names)}; "
+            + "; ".join(
+                part
+                for part in (
+                    missing and f"missing: {', '.join(missing)}",
+                    unknown and f"unknown: {', '.join(unknown)}",
+                )
+                if part
+            )
+        )
+    checked = {
+        spec.name: _check_input(inputs[spec.name], spec, f"input {spec.name!r}: ")
+        for spec in interface.inputs
+    }
     if len(names) == 1:
         return checked[names[0]]
     counts = {name: len(value) for name, value in checked.items()}
     if len(set(counts.values())) > 1:
-        raise BadInput("every named input needs the same number of instances, got "
-                       + ", ".join(f"{name}: {count}" for name, count in counts.items()))
+        raise BadInput(
+            "every named input needs the same number of instances, got "
+            + ", ".join(f"{name}: {count}" for name, count in counts.items())
+        )
     if not all(spec.fixed for spec in interface.inputs):
-        raise BadInput("this server batches a model with several inputs only when each "
-                       "input's instance shape is fixed; this model's are "
-                       + ", ".join(f"{s.name} {s.describe()}" for s in interface.inputs))
+        raise BadInput(
+            "this server batches a model with several inputs only when each "
+            "input's instance shape is fixed; this model's are "
+            + ", ".join(f"{s.name} {s.describe()}" for s in interface.inputs)
+        )
     batch = np.empty(len(next(iter(checked.values()))), interface.record_dtype())
     for name, value in checked.items():
         batch[name] = value
