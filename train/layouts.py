@@ -99,8 +99,8 @@ class Replicated:
 
     def message(self) -> str:
         axes = " and ".join(repr(axis) for axis in self.axes)
-        return (f"ModelParallel sharded none of model {self.model!r}'s {self.variables} "
-                f"trainable variables: each is whole on every device, though the mesh's "
+        return (f"ModelParallel sharded none of the {self.variables} trainable variables of "
+                f"model {self.model!r}: each is whole on every device, though the mesh's "
                 f"{axes} axis could split them (paths look like "
                 f"{', '.join(repr(path) for path in self.paths)}); give LayoutMap keys that "
                 "match them, or use train.layouts.auto_model_parallel(mesh)")

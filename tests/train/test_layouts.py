@@ -39,8 +39,9 @@ def test_a_model_parallel_run_that_split_nothing_is_named():
     specs = {"sequential/d1/kernel": (None, None), "sequential/d1/bias": (None,)}
     found = layouts.replicated("sequential", specs, MESH, "data")
     assert found == layouts.Replicated("sequential", 2, ("model",), tuple(specs))
-    assert found.message().startswith("ModelParallel sharded none of model 'sequential''s 2 "
-                                      "trainable variables")
+    assert found.message().startswith("ModelParallel sharded none of the 2 trainable variables "
+                                      "of model 'sequential': each is whole on every device, "
+                                      "though the mesh's 'model' axis could split them")
 
 
 @pytest.mark.parametrize("specs, mesh", [
