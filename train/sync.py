@@ -20,12 +20,18 @@ the tensors:
   (auto_shard_dataset off), and reads of a variable take this process's copy (a read of the
   global array would be a collective every process must join).
 Only the Horovod class imports Horovod: the TensorFlow 2.21 image has none.
+
+`Sync` is the contract, in one place: every method the trainer calls, each saying what it must
+do. A stack is a subclass that implements all of them (a type checker, and Python when the class
+is instantiated, name a missing one), so another stack, say a JAX mesh of data x model, is one
+more class and one more branch in `synchronise`, not conditions in the trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, ContextManager
 
 import numpy as np
 import tensorflow as tf
@@ -33,43 +39,147 @@ from mpi4py import MPI
 
 from job.trainer_config import JAX
 
-Gradients = list
+# The Keras classes of whichever Keras train.framework picked: tf.keras's (Horovod, MWMS) or
+# Keras 3's (JAX); two class trees that no single annotation names.
+Model = Any
+Optimizer = Any
+Variable = Any
+Callback = Any
+Gradients = list[Any]
+# Builds the trainer's optimizer; a stack passes the keyword arguments it needs (Keras 3's
+# gradient_accumulation_steps).
+OptimizerFactory = Callable[..., Optimizer]
 
 
-class Horovod:
+class Sync(ABC):
+    """What the built-in trainer (train.trainer) asks of the stack its ranks synchronise with,
+    all of it: a new stack is a new subclass, never an `if` in the trainer. Each method says
+    what it must do; how is the subclass's. Every rank calls every method in the same order
+    (most are collectives), so none may skip a call on some ranks only."""
+
+    name: ClassVar[str]  # for the log: "2 rank(s) ...; TensorFlow 2.15.1, Horovod"
+    # Whether every rank must take part in writing a checkpoint (only rank 0's copy is kept).
+    saves_on_every_rank: ClassVar[bool]
+    rank: int  # this process's rank, 0 to size - 1; rank 0 is the leader
+    size: int  # ranks in the job
+
+    @abstractmethod
+    def scope(self) -> ContextManager[Any]:
+        """Where the model and its optimizer are built and compiled."""
+
+    @abstractmethod
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        """Every rank's `value` (picklable), in rank order, on every rank."""
+
+    @abstractmethod
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        """Rank 0's `value` on every rank."""
+
+    @abstractmethod
+    def broadcast_variables(self, variables: list[Variable],
+                            loaded: list[np.ndarray] | None = None) -> None:
+        """Rank 0's values of `variables` assigned on every rank: the values rank 0 `loaded`
+        from a checkpoint for them (train.checkpoints.loaded_values), else its own."""
+
+    @abstractmethod
+    def average_statistics(self, variables: list[Variable]) -> None:
+        """Batch normalisation's moving statistics, which no gradient trains, made the same
+        on every rank (their mean), before a checkpoint or the export."""
+
+    @abstractmethod
+    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+             ) -> tuple[Model, Optimizer]:
+        """(what `fit` runs, its optimizer, built with `optimizer`) for optimizer steps of
+        `accumulation_steps` micro-batches whose gradients are averaged over the micro-batches
+        and over the ranks: what gets checkpointed and exported stays `model`."""
+
+    @abstractmethod
+    def batches_per_step(self, accumulation_steps: int) -> int:
+        """Batches of `fit` per optimizer step, for `step`'s stepper: 1 where one batch holds
+        all `accumulation_steps` micro-batches, else `accumulation_steps`."""
+
+    @abstractmethod
+    def callbacks(self) -> list[Callback]:
+        """The stack's Keras callbacks for `fit` (the epoch metrics the same on every rank)."""
+
+    @abstractmethod
+    def distribute(self, dataset: tf.data.Dataset) -> Any:
+        """This rank's training batches as `fit` takes them (each rank reads its own share)."""
+
+    @abstractmethod
+    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
+                   ) -> tuple[Any, int | None]:
+        """(validation data as `fit` takes it, validation steps or None for all of it) from
+        this rank's `samples` validation samples in batches of `batch`."""
+
+    @abstractmethod
+    def plain(self, model: Model, builder: Callable[[], Model]) -> Model:
+        """The trained `model` as the export writes it, outside the stack (`builder` makes a
+        new, untrained one). Every rank calls it; only rank 0 exports."""
+
+
+def accumulated_step(model: Model, optimizer: OptimizerFactory, accumulation_steps: int,
+                     synchronising: Callable[[Optimizer], Optimizer],
+                     mean_over_ranks: Callable[[], Callable[[Gradients], Gradients]]
+                     ) -> tuple[Model, Optimizer]:
+    """`Sync.step` on TensorFlow: one micro-batch per step is Keras' own step with the
+    `synchronising` optimizer; k are train.accumulation's one step of k micro-batches (one
+    batch of `fit`) with one mean over ranks, from `mean_over_ranks()`, and the plain optimizer.
+    """
+    from train.accumulation import AccumulatingModel  # a tf.keras class: only when it runs
+
+    inner = optimizer()
+    if accumulation_steps == 1:
+        return model, synchronising(inner)
+    return AccumulatingModel(model, accumulation_steps, mean_over_ranks()), inner
+
+
+class Horovod(Sync):
     name = "Horovod"
     saves_on_every_rank = False
-    optimizer_accumulates = False  # train.accumulation's one step of k micro-batches
 
-    def __init__(self, fp16_allreduce: bool):
+    def __init__(self, fp16_allreduce: bool) -> None:
         from train.runtime import start_horovod
 
         start_horovod()
         import horovod.tensorflow as hvd
 
-        self.hvd, self.fp16_allreduce = hvd, fp16_allreduce
+        self.hvd: Any = hvd
+        self.fp16_allreduce = fp16_allreduce
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.rank, self.size = hvd.rank(), hvd.size()
 
-    def scope(self) -> ContextManager:
+    def scope(self) -> ContextManager[Any]:
         return contextlib.nullcontext()
 
-    def allgather_object(self, value: Any, name: str) -> list:
-        return self.hvd.allgather_object(value, name=name)
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        gathered: list[Any] = self.hvd.allgather_object(value, name=name)
+        return gathered
 
     def broadcast_object(self, value: Any, name: str) -> Any:
         return self.hvd.broadcast_object(value, root_rank=0, name=name)
 
-    def broadcast_variables(self, variables: list[tf.Variable], loaded=None) -> None:
+    def broadcast_variables(self, variables: list[Variable],
+                            loaded: list[np.ndarray] | None = None) -> None:
         self.hvd.broadcast_variables(variables, root_rank=0)  # restored in place: no `loaded`
 
-    def average_statistics(self, variables: list[tf.Variable]) -> None:
+    def average_statistics(self, variables: list[Variable]) -> None:
         for variable in variables:
             if variable.dtype.is_floating:
                 variable.assign(self.hvd.allreduce(variable, op=self.hvd.Average,
                                                    name=f"statistics.{variable.name}"))
 
-    def optimizer(self, inner: tf.keras.optimizers.Optimizer) -> tf.keras.optimizers.Optimizer:
+    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+             ) -> tuple[Model, Optimizer]:
+        """AccumulatingModel for k micro-batches: with Horovod 1.2x faster than its
+        backward_passes_per_step (see train.accumulation)."""
+        return accumulated_step(model, optimizer, accumulation_steps, self.optimizer,
+                                self.gradient_mean)
+
+    def batches_per_step(self, accumulation_steps: int) -> int:
+        return 1
+
+    def optimizer(self, inner: Optimizer) -> Optimizer:
         """Per-gradient allreduces that start while backpropagation is still running (2 ranks:
         10% faster than one grouped allreduce after it)."""
         from train.distributed import optimizer
@@ -84,7 +194,7 @@ class Horovod:
         return lambda gradients: hvd.grouped_allreduce(gradients, op=hvd.Average,
                                                         compression=compression)
 
-    def callbacks(self) -> list[tf.keras.callbacks.Callback]:
+    def callbacks(self) -> list[Callback]:
         import horovod.tensorflow.keras as hvd_keras
 
         return [hvd_keras.callbacks.MetricAverageCallback()]  # average epoch metrics
@@ -97,25 +207,27 @@ class Horovod:
         """(validation data, steps): each rank its whole share, however many batches."""
         return dataset, None
 
-    def plain(self, model: tf.keras.Model, builder: Callable[[], tf.keras.Model]
-              ) -> tf.keras.Model:
+    def plain(self, model: Model, builder: Callable[[], Model]) -> Model:
         return model
 
 
 class OverMpi:
     """Objects and rank 0's variable values travel over MPI (the stacks without Horovod)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.comm = MPI.COMM_WORLD
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
 
-    def allgather_object(self, value: Any, name: str) -> list:
-        return self.comm.allgather(value)
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        gathered: list[Any] = self.comm.allgather(value)
+        return gathered
 
     def broadcast_object(self, value: Any, name: str) -> Any:
         return self.comm.bcast(value, root=0)
 
-    def broadcast_variables(self, variables: list, loaded: list | None = None) -> None:
+    def broadcast_variables(self, variables: list[Variable],
+                            loaded: list[np.ndarray] | None = None) -> None:
         """Rank 0's own copy of every variable, or the values it `loaded` from a checkpoint
         for them, to every worker's every replica (a plain read of a worker-averaged or
         process-spanning variable would mix in or wait for the others)."""
@@ -135,12 +247,11 @@ class OverMpi:
         return dataset.repeat().take(steps), steps
 
 
-class Mirrored(OverMpi):
+class Mirrored(OverMpi, Sync):
     name = "MultiWorkerMirroredStrategy"
     saves_on_every_rank = True
-    optimizer_accumulates = False
 
-    def __init__(self, local_size: int):
+    def __init__(self, local_size: int) -> None:
         from train.runtime import share_cores
 
         share_cores(local_size)
@@ -148,19 +259,24 @@ class Mirrored(OverMpi):
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         super().__init__()
 
-    def scope(self) -> ContextManager:
-        return self.strategy.scope()
+    def scope(self) -> ContextManager[Any]:
+        scope: ContextManager[Any] = self.strategy.scope()
+        return scope
 
-    def average_statistics(self, variables: list[tf.Variable]) -> None:
+    def average_statistics(self, variables: list[Variable]) -> None:
         """Nothing to do: MWMS keeps them per worker and averages them on every read."""
 
-    def optimizer(self, inner: tf.keras.optimizers.Optimizer) -> tf.keras.optimizers.Optimizer:
-        return inner  # its apply_gradients sums over the replicas
+    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+             ) -> tuple[Model, Optimizer]:
+        """The optimizer as it is (its apply_gradients sums over the replicas the gradients of
+        a loss Keras already divided by their count), and no mean over ranks by hand."""
+        return accumulated_step(model, optimizer, accumulation_steps,
+                                lambda inner: inner, lambda: lambda gradients: gradients)
 
-    def gradient_mean(self) -> Callable[[Gradients], Gradients]:
-        return lambda gradients: gradients  # apply_gradients sums a loss already divided
+    def batches_per_step(self, accumulation_steps: int) -> int:
+        return 1
 
-    def callbacks(self) -> list[tf.keras.callbacks.Callback]:
+    def callbacks(self) -> list[Callback]:
         return []  # metrics are averaged over the workers when Keras reads them
 
     def distribute(self, dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset:
@@ -177,8 +293,7 @@ class Mirrored(OverMpi):
         repeated, steps = self.uniform_evaluation(dataset, samples, batch)
         return self.distribute(repeated), steps
 
-    def plain(self, model: tf.keras.Model, builder: Callable[[], tf.keras.Model]
-              ) -> tf.keras.Model:
+    def plain(self, model: Model, builder: Callable[[], Model]) -> Model:
         """The trained model outside the strategy (for the export every worker joins): a new
         model from `builder` with the averaged weights, read by every worker together."""
         weights = model.get_weights()
@@ -187,29 +302,44 @@ class Mirrored(OverMpi):
         return copy
 
 
-class KerasOnJax(OverMpi):
+class KerasOnJax(OverMpi, Sync):
     name = "Keras 3 on JAX (keras.distribution)"
     saves_on_every_rank = False
-    optimizer_accumulates = True  # Keras 3's gradient_accumulation_steps, batch by batch
 
-    def __init__(self):
+    def __init__(self) -> None:
         import keras
 
         keras.distribution.initialize()  # every process of the job, from the launcher's plan
-        keras.distribution.set_distribution(
-            keras.distribution.DataParallel(auto_shard_dataset=False))
+        keras.distribution.set_distribution(self.distribution())
         super().__init__()
 
-    def scope(self) -> ContextManager:
+    def distribution(self) -> Any:
+        """How Keras lays every step over the job's devices (after `initialize`, which finds
+        them): the global batch sharded over every process's devices, every variable
+        replicated. Another layout (a data x model mesh) is a subclass's answer here."""
+        import keras
+
+        return keras.distribution.DataParallel(auto_shard_dataset=False)
+
+    def scope(self) -> ContextManager[Any]:
         return contextlib.nullcontext()
 
-    def average_statistics(self, variables: list) -> None:
+    def average_statistics(self, variables: list[Variable]) -> None:
         """Nothing to do: batch statistics are computed over the global batch."""
 
-    def optimizer(self, inner):
-        return inner
+    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+             ) -> tuple[Model, Optimizer]:
+        """Keras' own step and its optimizer's own accumulation: each micro-batch a batch of
+        `fit`, an update every k (gradient_accumulation_steps); JAX's collectives average
+        over the global batch."""
+        accumulate = {"gradient_accumulation_steps": accumulation_steps} \
+            if accumulation_steps > 1 else {}
+        return model, optimizer(**accumulate)
 
-    def callbacks(self) -> list:
+    def batches_per_step(self, accumulation_steps: int) -> int:
+        return accumulation_steps
+
+    def callbacks(self) -> list[Callback]:
         return []  # metrics are computed over the global batch
 
     def distribute(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -221,7 +351,7 @@ class KerasOnJax(OverMpi):
         whole = dataset.unbatch().repeat().batch(batch, drop_remainder=True)
         return self.uniform_evaluation(whole, samples, batch)
 
-    def plain(self, model, builder: Callable):
+    def plain(self, model: Model, builder: Callable[[], Model]) -> Model:
         """The trained model outside the distribution (for rank 0's export alone): a new
         model from `builder` with this process's copy of the weights."""
         import keras
@@ -233,7 +363,7 @@ class KerasOnJax(OverMpi):
         return copy
 
 
-def local_value(variable) -> np.ndarray:
+def local_value(variable: Variable) -> np.ndarray:
     """This process's own copy of a variable, without a read across workers or processes:
     MWMS's first replica, a JAX array's first local shard (Keras 3), or the variable."""
     value = getattr(variable, "values", (variable,))[0]
@@ -243,11 +373,10 @@ def local_value(variable) -> np.ndarray:
     return value.numpy()
 
 
-Sync = Horovod | Mirrored | KerasOnJax
-
-
 def synchronise(backend: str, tf_workers: tuple[str, ...], local_size: int,
                 fp16_allreduce: bool) -> Sync:
+    """The stack the launcher planned: Keras 3 on JAX for backend=jax, else MWMS when it
+    planned `tf_workers`, else Horovod."""
     if backend == JAX:
         return KerasOnJax()
     return Mirrored(local_size) if tf_workers else Horovod(fp16_allreduce)

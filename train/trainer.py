@@ -1,10 +1,13 @@
 """The built-in Keras trainer: what every rank runs for a job without a user script.
 
-A straight line: data -> model -> compile -> resume -> fit -> verify -> export. Lines that
-exist because training is distributed are marked `# distributed:`; how the ranks synchronise
-(Horovod; on the TensorFlow 2.21 image TensorFlow's MultiWorkerMirroredStrategy, or Keras 3's
+A straight line of named steps over one `Trainer` (who this rank is, what the launcher planned,
+the stack it synchronises with): connect -> prepare data -> build and compile -> resume -> fit
+(and verify) -> export, or keep the checkpoint of a stopped job. Lines that exist because
+training is distributed are marked `# distributed:`; how the ranks synchronise (Horovod; on the
+TensorFlow 2.21 image TensorFlow's MultiWorkerMirroredStrategy, or Keras 3's
 keras.distribution on JAX) is train.sync's, and which Keras builds the model is
-train.framework's. Only rank 0 prints and keeps checkpoints and the model; every rank computes.
+train.framework's. Only the leader (rank 0, `Trainer.leader`) prints and keeps checkpoints and
+the model; every rank computes.
 """
 
 from __future__ import annotations
@@ -14,20 +17,22 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
-from mpi4py import MPI
 
 from job.errors import ConfigError, PlatformError
 from job.sagemaker_config import Channel, read_channels
 from job.protocol import Mark, mark_line, stopped_line
-from train.accumulation import AccumulatingModel
 from job.batching import BatchPlan
 from train.agreement import Cadence
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
-from train.checkpoints import CheckpointStore, loaded_values, variables_checkpoint
+from train.checkpoints import (ArrayCheckpoint, CheckpointStore, loaded_values,
+                               variables_checkpoint)
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
@@ -46,14 +51,31 @@ from train.sharding import assign, readers
 from train.sync import Sync, local_value, synchronise
 
 
-def say(message: str) -> None:
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        emit(f"trainer: {message}")
+@dataclass(frozen=True)
+class Trainer:
+    """What every step of one rank's training shares: who the rank is, what the launcher
+    planned, the stack the ranks synchronise with, and the leader's MLflow run (`tracking`).
+    `leader` is the one answer to "am I rank 0?" (connect checks that the stack numbers the
+    ranks as the launcher did): the leader alone prints, logs and keeps checkpoints and the
+    model."""
 
+    context: RankContext
+    config: TrainerConfig
+    plan: BatchPlan
+    sync: Sync
+    tracking: RunLogger | None
 
-def mark(moment: Mark) -> None:
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        emit(mark_line(moment))
+    @property
+    def leader(self) -> bool:
+        return self.context.is_leader
+
+    def say(self, message: str) -> None:
+        if self.leader:
+            emit(f"trainer: {message}")
+
+    def mark(self, moment: Mark) -> None:
+        if self.leader:
+            emit(mark_line(moment))
 
 
 def open_share(context: RankContext, config: TrainerConfig, channel: Channel,
@@ -71,7 +93,7 @@ def open_share(context: RankContext, config: TrainerConfig, channel: Channel,
 
 
 def count_train(sync: Sync, source: Source, channel: Channel, context: RankContext
-                ) -> tuple[int, int, list, tuple[int, ...]]:
+                ) -> tuple[int, int, list[Any], tuple[int, ...]]:
     """(samples on all ranks, samples in this rank's share, sorted classes, sample shape),
     from the counting pass.
 
@@ -112,7 +134,7 @@ def feature_statistics(sync: Sync, source: Source, seed: int
 
 
 def validation_source(context: RankContext, config: TrainerConfig, channel: Channel,
-                      classes: list) -> tuple[Source, int]:
+                      classes: list[Any]) -> tuple[Source, int]:
     """(this rank's share of the validation channel, or all of it when the share is empty;
     its samples)."""
     source = open_share(context, config, channel)
@@ -132,24 +154,18 @@ def compile_for_training(sync: Sync, model: keras.Model, config: TrainerConfig,
                          ) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """(what `fit` runs, its optimizer), compiled. # distributed: both average over ranks.
 
-    One micro-batch per step: Keras' own step with the synchronising optimizer (train.sync).
-    k micro-batches: AccumulatingModel (one step, one mean over ranks; with Horovod 1.2x
-    faster than its backward_passes_per_step, see its module), or on Keras 3 its optimizer's
-    own accumulation (each micro-batch a batch of `fit`, an update every k).
+    How a step of `plan.accumulation_steps` micro-batches runs is the stack's (Sync.step):
+    one micro-batch is Keras' own step with the synchronising optimizer; k are
+    AccumulatingModel's one step (one mean over ranks; with Horovod 1.2x faster than its
+    backward_passes_per_step, see train.accumulation), or on Keras 3 its optimizer's own
+    accumulation (each micro-batch a batch of `fit`, an update every k).
     """
-    steps = plan.accumulation_steps
-    accumulate = {"gradient_accumulation_steps": steps} \
-        if sync.optimizer_accumulates and steps > 1 else {}
-    inner = keras.optimizers.SGD(schedule, momentum=config.momentum, **accumulate) \
-        if config.optimizer == "sgd" else keras.optimizers.Adam(schedule, **accumulate)
-    if steps == 1 or sync.optimizer_accumulates:
-        stepper, optimizer = model, sync.optimizer(inner)
-    else:
-        stepper, optimizer = AccumulatingModel(
-            model, plan.accumulation_steps, sync.gradient_mean()), inner
-    stepper.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+    optimizer = partial(keras.optimizers.SGD, schedule, momentum=config.momentum) \
+        if config.optimizer == "sgd" else partial(keras.optimizers.Adam, schedule)
+    stepper, compiled = sync.step(model, optimizer, plan.accumulation_steps)
+    stepper.compile(optimizer=compiled, loss="sparse_categorical_crossentropy",
                     metrics=["accuracy"])
-    return stepper, optimizer
+    return stepper, compiled
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -179,34 +195,70 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
           tf_workers: tuple[str, ...] = ()) -> None:
     """Train with the config and batch plan that the launcher validated (job.rank_job): Keras 3
     on JAX for backend=jax, else over MultiWorkerMirroredStrategy when it planned
-    `tf_workers`, else Horovod. Rank 0 logs to the job's MLflow run, if any, from a thread of
-    its own (job.tracking.RunLogger) and waits for it a bounded time at the end: at most
+    `tf_workers`, else Horovod. The leader logs to the job's MLflow run, if any, from a thread
+    of its own (job.tracking.RunLogger) and waits for it a bounded time at the end: at most
     FLUSH_SECONDS after training, not at all after a failure."""
-    run = RunLogger.of_environment(os.environ, lambda text: notices.warn(
+    tracking = RunLogger.of_environment(os.environ, lambda text: notices.warn(
         context.paths, WARNING_FILE, text, "trainer", append=True)) \
-        if MPI.COMM_WORLD.Get_rank() == 0 else None
+        if context.is_leader else None
     trained = False
     try:
-        _train(context, config, plan, tf_workers, run)
+        trainer = connect(context, config, plan, tf_workers, tracking)
+        data = prepare_data(trainer)
+        built = build_and_compile(trainer, data)
+        start, history = resume(trainer, data, built)
+        stopped, standing = fit(trainer, data, built, start, history)
+        if stopped:
+            keep_stopped(trainer, standing)
+        else:
+            export(trainer, data, built, history)
         trained = True
     finally:
-        if run:
-            run.close(FLUSH_SECONDS if trained else 0)
+        if tracking:
+            tracking.close(FLUSH_SECONDS if trained else 0)
 
 
-def _train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
-           tf_workers: tuple[str, ...], run: RunLogger | None) -> None:
+def connect(context: RankContext, config: TrainerConfig, plan: BatchPlan,
+            tf_workers: tuple[str, ...], tracking: RunLogger | None) -> Trainer:
+    """The ranks joined in the stack the launcher planned, numbered as it numbered them."""
     sync = synchronise(config.backend, tf_workers, context.local_size, config.fp16_allreduce)
     if sync.size != plan.world_size:
         raise PlatformError(f"{sync.name} sees {sync.size} ranks but the launcher planned "
                             f"{plan.world_size}")
+    if sync.rank != context.rank:
+        raise PlatformError(f"{sync.name} numbers this process rank {sync.rank} but the "
+                            f"launcher started it as rank {context.rank}")
     keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
-    paths = context.paths
+    trainer = Trainer(context, config, plan, sync, tracking)
     layout = sync.allgather_object(f"{context.rank}@{context.host}", name="layout")
-    say(f"{sync.size} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, {sync.name}")
-    mark(Mark.RANKS_UP)
-    say(plan.derivation())
+    trainer.say(f"{sync.size} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, "
+                f"{sync.name}")
+    trainer.mark(Mark.RANKS_UP)
+    trainer.say(plan.derivation())
+    return trainer
 
+
+@dataclass(frozen=True)
+class Data:
+    """This rank's training and validation input, and what the counting pass found."""
+
+    train: Source  # this rank's share of the train channel
+    share: int  # samples in it
+    classes: list[Any]  # the labels, sorted: class i is the model's output column i
+    shape: tuple[int, ...]  # of one sample
+    mean: np.ndarray  # per feature, over every rank's share
+    variance: np.ndarray
+    steps_per_epoch: int  # optimizer steps
+    lookup: tf.lookup.StaticHashTable  # raw label -> class index
+    validation: Any  # as `fit` takes it (train.sync), or None without a validation channel
+    validation_steps: int | None
+    sources: list[Source]  # every source `fit` reads, so a bad record is named
+
+
+def prepare_data(trainer: Trainer) -> Data:
+    """Counts and feature statistics of every rank's share; this rank's validation input."""
+    context, config, plan, sync = trainer.context, trainer.config, trainer.plan, trainer.sync
+    paths = context.paths
     channels = read_channels(paths.input_data_config, paths.data_dir)
     train_channel = channels.get("train", Channel("train"))
     train_source = open_share(context, config, train_channel)
@@ -214,9 +266,9 @@ def _train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
     with naming_bad_records([train_source]):
         mean, variance = feature_statistics(sync, train_source, config.seed + context.rank)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
-    say(f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
-        f"{steps_per_epoch} optimizer steps per epoch")
-    mark(Mark.DATA_READ)
+    trainer.say(f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
+                f"{steps_per_epoch} optimizer steps per epoch")
+    trainer.mark(Mark.DATA_READ)
     lookup = label_lookup(classes)
 
     validation, validation_steps, sources = None, None, [train_source]
@@ -226,132 +278,204 @@ def _train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
         validation, validation_steps = sync.evaluation(
             evaluation_input(source, lookup, plan.micro_batch), count, plan.micro_batch)
         sources.append(source)
+    return Data(train_source, share, classes, shape, mean, variance, steps_per_epoch, lookup,
+                validation, validation_steps, sources)
 
+
+@dataclass(frozen=True)
+class Built:
+    """The model, what trains it, and what its checkpoints hold."""
+
+    model: keras.Model  # what is checkpointed and exported
+    stepper: keras.Model  # what `fit` runs (the model, or train.accumulation's step around it)
+    optimizer: keras.optimizers.Optimizer
+    schedule: WarmupSchedule
+    rebuild: Callable[[], keras.Model]  # a new, untrained model of the same kind
+    checkpoint: tf.train.Checkpoint | ArrayCheckpoint
+    store: CheckpointStore
+
+    def learning_rate(self) -> float:
+        """This step's, read from this process's copy of the step count (no collective)."""
+        return float(self.schedule(local_value(self.optimizer.iterations)))
+
+
+def build_and_compile(trainer: Trainer, data: Data) -> Built:
+    """The model (from the weights channel's initial weights, if any) and its optimizer, built
+    and compiled in the stack's scope, with the learning rate's warm-up schedule."""
+    config, plan, paths = trainer.config, trainer.plan, trainer.context.paths
     if use_mixed_precision(config.model):
-        say("mixed precision: float16 compute, float32 variables")
-
-    def build() -> keras.Model:
-        return BUILDERS[config.model](config, shape, len(classes), mean, variance)
-
-    with sync.scope():
-        model = build()
+        trainer.say("mixed precision: float16 compute, float32 variables")
+    rebuild = partial(BUILDERS[config.model], config, data.shape, len(data.classes), data.mean,
+                      data.variance)
+    with trainer.sync.scope():
+        model = rebuild()
         if paths.channel("weights").is_dir():
             load_initial_weights(model, initial_weights_file(paths.channel("weights")))
         schedule = WarmupSchedule(plan.base_learning_rate, plan.learning_rate,
-                                  round(config.warmup_epochs * steps_per_epoch))
-        stepper, optimizer = compile_for_training(sync, model, config, plan, schedule)
+                                  round(config.warmup_epochs * data.steps_per_epoch))
+        stepper, optimizer = compile_for_training(trainer.sync, model, config, plan, schedule)
         optimizer.build(model.trainable_variables)
+    return Built(model, stepper, optimizer, schedule, rebuild,
+                 variables_checkpoint(model, optimizer, arrays=ON_JAX),
+                 CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints))
 
-    checkpoint = variables_checkpoint(model, optimizer, arrays=ON_JAX)
-    store = CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints)
+
+def resume(trainer: Trainer, data: Data, built: Built
+           ) -> tuple[JobPosition, dict[str, list[float]]]:
+    """(where the job starts, the metric curves of its earlier runs): the leader restores the
+    newest checkpoint that reads back, and every rank starts from the leader's weights and
+    optimizer state."""
+    sync, global_batch = trainer.sync, trainer.plan.global_batch
     start, history = JobPosition(0, 0, 0), {}
-    if sync.rank == 0:
-        store.clean_torn()
-        resumed = store.resume(checkpoint, lambda message: emit(f"trainer: {message}"))
+    if trainer.leader:
+        built.store.clean_torn()
+        resumed = built.store.resume(built.checkpoint, trainer.say)
         if resumed:
             folder, state = resumed
-            start = JobPosition.from_state(state, plan.global_batch, steps_per_epoch)
+            start = JobPosition.from_state(state, global_batch, data.steps_per_epoch)
             history = state.get("history", {})
-            emit(f"trainer: resumed from {folder} at {start.describe()}")
+            trainer.say(f"resumed from {folder} at {start.describe()}")
     # Armed before the first collective that precedes training, on every rank: from here a
     # stop waits for the step the ranks agree on. Armed any later, a stop could reach one
     # rank unarmed (it exits at once) while another waits for it in a collective.
     StopRequest.arm()
     start = sync.broadcast_object(start, name="start")
     # distributed: every rank starts from rank 0's weights and optimizer state.
-    sync.broadcast_variables(model.variables + optimizer.variables, loaded_values(checkpoint))
+    sync.broadcast_variables(built.model.variables + built.optimizer.variables,
+                             loaded_values(built.checkpoint))
+    return start, history
 
-    # Batches of `fit` per optimizer step: 1, or k micro-batches when Keras 3's optimizer
-    # accumulates them (train.accumulation's step takes all k in one batch).
-    batches_per_step = plan.accumulation_steps if sync.optimizer_accumulates else 1
-    batches = StepCount()
 
-    def position() -> JobPosition:
-        return start.after(batches.count // batches_per_step, plan.global_batch,
-                           steps_per_epoch)
+@dataclass(frozen=True)
+class Standing:
+    """Where the job stands while it fits (`start` plus the batches of `fit` counted since),
+    and its checkpoints of that: every rank saves together, the leader keeps the checkpoint."""
 
-    def write(**state) -> None:
+    trainer: Trainer
+    built: Built
+    start: JobPosition
+    history: dict[str, list[float]]  # the curves so far, EpochReport's own
+    batches: StepCount
+    batches_per_step: int  # batches of `fit` per optimizer step (Sync.batches_per_step)
+    steps_per_epoch: int
+    cadence: Cadence
+
+    def position(self) -> JobPosition:
+        return self.start.after(self.batches.count // self.batches_per_step,
+                                self.trainer.plan.global_batch, self.steps_per_epoch)
+
+    def write(self, **state: Any) -> None:
         """The checkpoint of where the job stands (batch statistics already averaged)."""
-        if sync.rank == 0:
-            now = position()
-            store.save(checkpoint, now.epochs_done, **now.counts(plan.global_batch),
-                       history=report.history, **state)
-        elif sync.saves_on_every_rank:  # it must take part; only rank 0's copy is kept
-            scratch_write(checkpoint)
+        if self.trainer.leader:
+            now = self.position()
+            self.built.store.save(self.built.checkpoint, now.epochs_done,
+                                  **now.counts(self.trainer.plan.global_batch),
+                                  history=self.history, **state)
+        elif self.trainer.sync.saves_on_every_rank:  # it must take part; only rank 0's is kept
+            scratch_write(self.built.checkpoint)
 
-    cadence = Cadence(config.checkpoint_every_minutes, leader=sync.rank == 0)
+    def save(self) -> None:
+        """A checkpoint every rank joins, at an epoch's end or an optimizer step, with the
+        batch statistics averaged first: a resumed job goes on as if never stopped."""
+        average_batch_statistics(self.trainer.sync, self.built.model)
+        self.write()
+        self.cadence.saved()
 
-    def save() -> None:
-        average_batch_statistics(sync, model)  # so a resumed job goes on as if never stopped
-        write()
-        cadence.saved()
 
+def fit(trainer: Trainer, data: Data, built: Built, start: JobPosition,
+        history: dict[str, list[float]]) -> tuple[bool, Standing]:
+    """(whether a stop request ended training early, where the job stands): train from
+    `start` to the end of the last epoch, saving checkpoints on the way; then check that every
+    rank holds the same model."""
+    config, plan, sync = trainer.config, trainer.plan, trainer.sync
+    batches_per_step = sync.batches_per_step(plan.accumulation_steps)
+    standing = Standing(trainer, built, start, history, StepCount(), batches_per_step,
+                        data.steps_per_epoch,
+                        Cadence(config.checkpoint_every_minutes, leader=trainer.leader))
     # at an optimizer step: a stop, or a checkpoint inside the epoch when one is due
-    stop = StopOnRequest(batches_per_step, cadence, save)
-    report = EpochReport(plan.global_batch // batches_per_step,
-                         lambda: float(schedule(local_value(optimizer.iterations))), history, run)
+    stop = StopOnRequest(batches_per_step, standing.cadence, standing.save)
+    report = EpochReport(plan.global_batch // batches_per_step, built.learning_rate, history,
+                         trainer.leader, trainer.tracking)
     callbacks = [*sync.callbacks(),  # distributed: average epoch metrics
-                 batches, stop, report,
-                 Checkpointer(save, config.checkpoint_every_epochs, config.epochs),
-                 ReportProgress(batches_per_step, first_step=start.epochs_done * steps_per_epoch
-                                + start.steps_in_epoch)]
-    if sync.rank == 0:
+                 standing.batches, stop, report,
+                 Checkpointer(standing.save, config.checkpoint_every_epochs, config.epochs),
+                 ReportProgress(batches_per_step, first_step=start.epochs_done
+                                * data.steps_per_epoch + start.steps_in_epoch)]
+    if trainer.leader:
         callbacks.append(keras.callbacks.TensorBoard(
-            str(paths.tensorboard_dir), profile_batch=config.profiled_steps, write_graph=False))
+            str(trainer.context.paths.tensorboard_dir), profile_batch=config.profiled_steps,
+            write_graph=False))
 
     service = os.environ.get(DATA_SERVICE_ENV, "")
     if service:  # distributed: a heterogeneous job's data hosts produce the training input
-        if isinstance(train_source, Table):
+        if isinstance(data.train, Table):
             raise ConfigError(
                 "the data hosts serve the input of TFRecord or image channels; this train "
                 "channel is CSV or NPZ, which the ranks hold in memory: convert it to "
                 "TFRecord, or train without a data group")
-        say(f"training input served by the data hosts' tf.data service at {service}")
+        trainer.say(f"training input served by the data hosts' tf.data service at {service}")
 
-    def fit(epochs: int, steps_each: int) -> None:
-        """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps
-        per epoch."""
-        now = position()
-        say(f"training from {now.describe()} to the end of epoch {epochs}")
-        stream = training_input(
-            train_source, lookup, plan.per_device_batch // batches_per_step, config,
-            config.seed + context.rank, augment=config.augment and len(shape) == 3,
-            start=stream_start(now.samples_done, plan.world_size, share))
-        stepper.fit(sync.distribute(served(stream, service) if service else stream),
-                    steps_per_epoch=steps_each * batches_per_step, epochs=epochs,
-                    initial_epoch=now.epochs_done,
-                    validation_data=validation, validation_steps=validation_steps,
-                    callbacks=callbacks, verbose=0)
-
-    with naming_bad_records(sources):
+    with naming_bad_records(data.sources):
         if start.steps_in_epoch and start.epochs_done < config.epochs:
-            fit(start.epochs_done + 1, steps_per_epoch - start.steps_in_epoch)  # its rest
+            fit_epochs(trainer, data, built, standing, callbacks, service,  # its rest
+                       start.epochs_done + 1, data.steps_per_epoch - start.steps_in_epoch)
         if not stop.stopped:
-            fit(config.epochs, steps_per_epoch)
-    average_batch_statistics(sync, model)
-    verify_identical_weights(sync, model)
+            fit_epochs(trainer, data, built, standing, callbacks, service, config.epochs,
+                       data.steps_per_epoch)
+    average_batch_statistics(sync, built.model)
+    verify_identical_weights(sync, built.model)
+    return stop.stopped, standing
 
-    if stop.stopped:
-        write(interrupted=True)  # the statistics were averaged just above
-        say(stopped_line(f"checkpoint saved in {paths.checkpoint_dir}; a restarted job "
-                         f"resumes at {position().describe()}"))
+
+def fit_epochs(trainer: Trainer, data: Data, built: Built, standing: Standing,
+               callbacks: list[keras.callbacks.Callback], service: str, epochs: int,
+               steps_each: int) -> None:
+    """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps per
+    epoch, on this rank's share of the input (from the data hosts' `service`, if any)."""
+    config, plan = trainer.config, trainer.plan
+    now = standing.position()
+    trainer.say(f"training from {now.describe()} to the end of epoch {epochs}")
+    stream = training_input(
+        data.train, data.lookup, plan.per_device_batch // standing.batches_per_step, config,
+        config.seed + trainer.context.rank, augment=config.augment and len(data.shape) == 3,
+        start=stream_start(now.samples_done, plan.world_size, data.share))
+    built.stepper.fit(trainer.sync.distribute(served(stream, service) if service else stream),
+                      steps_per_epoch=steps_each * standing.batches_per_step, epochs=epochs,
+                      initial_epoch=now.epochs_done,
+                      validation_data=data.validation, validation_steps=data.validation_steps,
+                      callbacks=callbacks, verbose=0)
+
+
+def keep_stopped(trainer: Trainer, standing: Standing) -> None:
+    """A stopped job's checkpoint, for the restarted job to resume at the step it stopped."""
+    standing.write(interrupted=True)  # fit averaged the statistics
+    trainer.say(stopped_line(f"checkpoint saved in {trainer.context.paths.checkpoint_dir}; a "
+                             f"restarted job resumes at {standing.position().describe()}"))
+
+
+def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[float]]
+           ) -> None:
+    """The leader writes the model for serving, the curves and the RESULT line (every rank
+    takes part in getting the model out of the stack)."""
+    config, plan, sync = trainer.config, trainer.plan, trainer.sync
+    exportable = sync.plain(built.model, built.rebuild)
+    if not trainer.leader:
         return
-    exportable = sync.plain(model, build)
-    if sync.rank == 0:
-        final = {k: v[-1] for k, v in report.history.items()} if report.history else {}
-        exported = export_model(exportable, paths.model_dir, classes=classes, info={
-            "feature_count": int(np.prod(shape)), "model": config.model,
-            "epochs": config.epochs, "world_size": sync.size,
-            "global_batch": plan.global_batch, "final_metrics": final,
-            "tensorflow": tf.__version__, **({"keras": keras.__version__} if ON_JAX else {})})
-        if report.history:
-            write_history(report.history, paths.output_data_dir)
-        summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()
-                           if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
-        emit(f"RESULT {summary} model={exported}")
-        if run:
-            run.log(tags={"model.location": exported})
-        emit(mark_line(Mark.MODEL_EXPORTED))
+    paths = trainer.context.paths
+    final = {k: v[-1] for k, v in history.items()} if history else {}
+    exported = export_model(exportable, paths.model_dir, classes=data.classes, info={
+        "feature_count": int(np.prod(data.shape)), "model": config.model,
+        "epochs": config.epochs, "world_size": sync.size,
+        "global_batch": plan.global_batch, "final_metrics": final,
+        "tensorflow": tf.__version__, **({"keras": keras.__version__} if ON_JAX else {})})
+    if history:
+        write_history(history, paths.output_data_dir)
+    summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()
+                       if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
+    emit(f"RESULT {summary} model={exported}")
+    if trainer.tracking:
+        trainer.tracking.log(tags={"model.location": exported})
+    trainer.mark(Mark.MODEL_EXPORTED)
 
 
 def scratch_write(checkpoint: tf.train.Checkpoint) -> None:
