@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import pytest
 from hypothesis import example
@@ -22,6 +21,7 @@ from container.coordination import MAX_LINE, Leader, _exit_line, _outcome, follo
 from container.failure import Outcome
 from job.protocol import FailureKind
 from tests.fuzzing import fuzz
+from tests.waiting import eventually
 
 LEADER, HOST, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.9"
 DEEP = "[" * 5000 + "]" * 5000
@@ -185,10 +185,8 @@ def test_what_a_data_host_says_is_taken_or_it_is_dropped(capsys, answer, later):
             heard = send_then_hear(connection, b"\n".join([b"HELLO " + HOST.encode(), answer,
                                                            *later]) + b"\n")
         assert heard.startswith(b"KEY ssh-ed25519 AAAA job\n")
-        deadline = time.monotonic() + 5
-        while not settled(leader, HOST):  # the leader closed the connection: it has decided
-            assert time.monotonic() < deadline, "the leader never decided about the data host"
-            time.sleep(0.01)
+        eventually(lambda: settled(leader, HOST),  # the leader closed the connection: decided
+                   "the leader never decided about the data host", 5, every=0.01)
         no_internal_error(capsys)
         said = b"\n".join([answer, *later]).decode(errors="replace")
         with leader.condition:

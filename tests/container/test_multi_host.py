@@ -17,6 +17,7 @@ import pytest
 
 from container.network import free_ports
 from tests.conftest import TRAIN, failure_of
+from tests.waiting import eventually
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
@@ -112,10 +113,7 @@ def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
                     "MPI.COMM_WORLD.barrier()\ntime.sleep(600)\n")
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
     marker = roots["127.0.0.1"] / "output" / "data" / "up1"
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert time.monotonic() < deadline, "ranks never started"
-        time.sleep(0.2)
+    eventually(marker.exists, "ranks never started", 120)
     # The host dies: its launcher, its sshd, and the MPI daemon (orted daemonizes, so it is
     # found by the job key in its command line) with the rank it started.
     doomed = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]

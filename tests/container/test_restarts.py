@@ -6,7 +6,6 @@ import json
 import re
 import signal
 import subprocess
-import time
 
 import numpy as np
 import psutil
@@ -18,6 +17,7 @@ from job.protocol import FailureKind
 from tests.conftest import failure_of, run_train, start_until, stop_job
 from tests.container.test_multi_host import HOSTS, cluster, start  # noqa: F401
 from tests.train.test_exact_resume import EXACT, final_values
+from tests.waiting import eventually
 
 RANK_FAILED = Outcome.failed(FailureKind.RANK, "rank 1 on algo-1 failed: ValueError: x")
 
@@ -70,10 +70,8 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_kill
     killed = make_job({**EXACT, "max_restarts": 1, "checkpoint_every_minutes": 0.01},
                       name="killed")
     job, seen = start_until(killed, "METRICS epoch=1 ")
-    deadline = time.monotonic() + 60
-    while not list((killed / "checkpoints").glob("epoch-000001.*")):  # inside epoch 2
-        assert time.monotonic() < deadline, "no checkpoint inside epoch 2"
-        time.sleep(0.05)
+    eventually(lambda: list((killed / "checkpoints").glob("epoch-000001.*")),  # inside epoch 2
+               "no checkpoint inside epoch 2", 60)
     rank_process(job, 1).send_signal(signal.SIGKILL)
     output = "".join(seen) + job.communicate(timeout=240)[0]
     assert job.returncode == 0, output[-3000:]

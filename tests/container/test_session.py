@@ -15,6 +15,7 @@ import psutil
 from container.session import Session
 from container.watchdog import STACK_GRACE
 from tests.container.test_multi_host import HOSTS, cluster, start  # noqa: F401
+from tests.waiting import eventually
 
 # A helper that writes its pid, then keeps the inherited stdout for a minute.
 HELPER = '''
@@ -42,11 +43,8 @@ def running(pid: int) -> bool:
 
 
 def wait_for_pid(path: Path, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"no pid in {path}"
-        time.sleep(0.05)
-    return int(path.read_text())
+    return int(eventually(lambda: path.exists() and path.read_text(), f"no pid in {path}",
+                          timeout))
 
 
 def program(tmp_path: Path, *helper_args: str, then: str) -> list[str]:
@@ -123,11 +121,9 @@ def stop_after_the_ranks(launchers: dict, roots: dict, ranks: int) -> tuple[dict
         (root / "code" / "helper_process.py").write_text(HELPER)
     out = next(iter(roots)) / "output" / "data"  # the ranks' (the leader's TRAIN_ML_ROOT)
     helpers = [wait_for_pid(out / f"helper-{rank}.pid") for rank in range(ranks)]
-    deadline = time.monotonic() + 30
-    for rank in range(ranks):
-        while running(wait_for_pid(out / f"rank-{rank}.pid")):  # mpirun waits for the helpers
-            assert time.monotonic() < deadline, f"rank {rank} did not exit"
-            time.sleep(0.1)
+    for rank in range(ranks):  # mpirun waits for the helpers
+        pid = wait_for_pid(out / f"rank-{rank}.pid")
+        eventually(lambda pid=pid: not running(pid), f"rank {rank} did not exit", 30)
     started = time.monotonic()
     for launcher in launchers.values():
         launcher.send_signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from serve.batching import MicroBatcher, Overloaded
+from tests.waiting import eventually
 
 POISON = -1.0  # the fake model fails on any batch holding this value
 
@@ -56,10 +57,8 @@ def rows(*values: float) -> np.ndarray:
 
 def wait_until_queued(batcher: MicroBatcher, count: int) -> None:
     """Until `count` requests wait in the batcher's queue (0: the batcher took them all)."""
-    deadline = time.monotonic() + 30
-    while len(batcher._queue) != count:
-        assert time.monotonic() < deadline, f"the queue never held {count} requests"
-        time.sleep(0.001)
+    eventually(lambda: len(batcher._queue) == count, f"the queue never held {count} requests",
+               30, every=0.001)
 
 
 def run_held(batcher: MicroBatcher, model: HeldModel, first: np.ndarray,

@@ -10,15 +10,8 @@ import urllib.request
 
 import pytest
 
+from tests.waiting import eventually
 from train.activity import io_wait
-
-
-def eventually(condition, failure: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.05)
-    return found
 
 
 @pytest.fixture
