@@ -15,42 +15,33 @@ from job.paths import MlPaths
 from job.sagemaker_config import JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
 from scripts.digits_files import write_digits
-from tests import fuzzing
+from tests import file_order, fuzzing
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).with_name("train")
 
-# The files whose jobs take minutes, longest first (seconds on one of two busy workers, measured
-# with --durations on 2026-12-06). `make test` hands whole files to two pytest-xdist workers as
-# they come free, in collection order (--no-loadscope-reorder; xdist's own order puts the files
-# with the most tests first, which left these few-test, long files for the end and one worker
-# idle beside the last of them).
-LONG_FILES = (
-    "tests/container/test_watchdog.py",  # 280
-    "tests/bench/test_bench_runs.py",  # 250
-    "tests/image/test_keras_jax.py",  # 235
-    "tests/image/test_fault_matrix.py",  # 175
-    "tests/image/test_tf_trainer.py",  # 175
-    "tests/image/test_sdk_local_mode.py",  # 160
-    "tests/image/test_keras_trainer.py",  # 135
-    "tests/train/test_exact_resume.py",  # 90
-    "tests/image/test_tf_stack.py",  # 80
-    "tests/train/test_distributed_training.py",  # 80
-    "tests/container/test_restarts.py",  # 65
-    "tests/image/test_local_cluster.py",  # 65
-    "tests/train/test_data_jobs.py",  # 65
-    "tests/container/test_gpu_check.py",  # 60
-    "tests/container/test_instance_groups.py",  # 55
-    "tests/container/test_mlflow.py",  # 50 (the server's start: 10-50)
-    "tests/image/test_hetero_cluster.py",  # 45
-    "tests/serve/test_serve_survival.py",  # 15-65
-)
-
 
 def pytest_collection_modifyitems(items):
-    """The long files first, in LONG_FILES' order; the rest as collected."""
-    rank = {name: index for index, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    """The files with the longest last runs first (tests/file_order.py says why and how)."""
+    file_order.longest_first(items)
+
+
+FILE_TIMER = file_order.Timer()
+
+
+def pytest_deselected(items):
+    """A file run in part by -k would record less than its whole time. (-m is how `make test`
+    splits its sessions: a file's tests of each kind always run in the same one.)"""
+    if items and items[0].config.option.keyword:
+        FILE_TIMER.partial.update(file_order.file_of(item.nodeid) for item in items)
+
+
+def pytest_sessionfinish(session):
+    """Record each file's seconds for the next run's order: once, on the controller (an xdist
+    worker has `workerinput`), and only for a run that was not cut short by an error."""
+    if not hasattr(session.config, "workerinput") and not session.shouldfail \
+            and not session.shouldstop:
+        FILE_TIMER.save()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -66,6 +57,7 @@ FUZZ_TALLY = fuzzing.Tally()
 
 def pytest_runtest_logreport(report):
     FUZZ_TALLY.add(report)
+    FILE_TIMER.add(report)
 
 
 def pytest_terminal_summary(terminalreporter):
