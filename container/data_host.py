@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from container import network
 from container.coordination import ended_line, follow_leader
@@ -42,7 +43,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     stop signals) until the leader reports the job's outcome."""
     cluster, launch = plan.cluster, plan.launch
     ready, ended = threading.Event(), threading.Event()
-    link: dict = {}
+    link: dict[str, Any] = {}  # send, outcome or error, whichever the thread set
 
     def joined(send: Callable[[str], bool]) -> None:
         link["send"] = send

@@ -91,8 +91,8 @@ class OutputLog:
 
     last_rank_error: dict[int, str] = field(default_factory=dict)
     reports: list[RankFailure] = field(default_factory=list)
-    untagged: deque = field(default_factory=lambda: deque(maxlen=400))
-    tail: deque = field(default_factory=lambda: deque(maxlen=20))
+    untagged: deque[str] = field(default_factory=lambda: deque(maxlen=400))
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     unhealthy_worker: int | None = None  # the first worker TensorFlow reported as silent
     stopped: str | None = None  # the last stop line's detail: what a stop saved, and where
     _heartbeats_reported: bool = False

@@ -134,7 +134,7 @@ def default_options(
         Option(("-mca", "orte_abort_on_non_zero_status", "1")),
         Option(("-mca", "btl_vader_single_copy_mechanism", "none")),
     ]
-    if multi_host:
+    if ssh_args is not None:  # multi_host
         options += [
             Option(("-mca", "plm_rsh_no_tree_spawn", "1")),
             Option(("-mca", "plm_rsh_args", ssh_args)),

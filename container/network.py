@@ -54,7 +54,8 @@ def resolves(host: str) -> bool:
 
 def address_of(host: str) -> str:
     """The IPv4 address a host name resolves to (sshd binds to it)."""
-    return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    address = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    return str(address)  # an IPv4 sockaddr's host is a str (typeshed: str | int)
 
 
 def ssh_banner(host: str, port: int, timeout: float = 2.0) -> bool:

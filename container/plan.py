@@ -440,7 +440,7 @@ def make_plan(
     launch = settings.launch
     resources = job.resources
     backend = choose_backend(launch, stack)
-    keras_on_jax = not settings.program and settings.trainer.backend == JAX
+    keras_on_jax = settings.trainer is not None and settings.trainer.backend == JAX
     if keras_on_jax and stack != TENSORFLOW:
         raise ConfigError(
             f"backend=jax trains the built-in model with Keras 3 on JAX, which "
@@ -463,7 +463,8 @@ def make_plan(
     workers = tf_workers(cluster, launch.tf_worker_port) if backend == TENSORFLOW else ()
     layout = processes(cluster, launch.distribution_port, gpu_count)
     args: tuple[str, ...] = ()
-    if settings.program:
+    trainer = settings.trainer
+    if trainer is None:  # script mode: job.validated sets `program` and no trainer config
         script = job.paths.code_dir / settings.program
         if not script.resolve().is_relative_to(job.paths.code_dir.resolve()):
             raise ConfigError(
@@ -490,7 +491,6 @@ def make_plan(
         )
         command = rank_command(python, "train.script_runner", str(script), *args)
     else:
-        trainer = settings.trainer
         _check_builtin_channels(job)
         rank_job = RankJob(
             trainer=trainer,
@@ -523,7 +523,8 @@ def make_plan(
         ssh_args=ssh_args,
     )
     options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
-    data_command, data_env = (), {}
+    data_command: tuple[str, ...] = ()
+    data_env: Mapping[str, str] = {}
     if cluster.is_data_host:
         data_command = (
             (python, "-P", "-m", "train.script_runner", str(script), *args)

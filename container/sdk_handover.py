@@ -23,7 +23,7 @@ import sys
 DRIVERS = ("basic_script_driver.py", "mpi_driver.py", "torchrun_driver.py")
 
 
-def sdk_driver(argv: list) -> str:
+def sdk_driver(argv: list[str]) -> str:
     """The SDK driver `argv` starts, or "" when it starts anything else."""
     script = os.path.abspath(argv[0]) if argv and argv[0] else ""
     folder, name = os.path.split(script)

@@ -30,6 +30,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import IO, cast
 
 KILL_AFTER = 10.0  # seconds between SIGTERM to a session and SIGKILL to what is left of it
 POLL = 0.2
@@ -182,10 +183,10 @@ class Session:
     def output(self) -> Iterator[str]:
         """The pipe's lines, until it closes or nothing of the session is left. What the
         program leaves behind when it exits on its own is ended (SIGTERM, then SIGKILL)."""
-        lines: queue.Queue = queue.Queue()
+        lines: queue.Queue[str | None] = queue.Queue()
 
         def read() -> None:
-            for line in self.process.stdout:
+            for line in cast(IO[str], self.process.stdout):  # stdout=PIPE: never None
                 lines.put(line)
             lines.put(None)
 
@@ -205,7 +206,7 @@ class Session:
         self._end_left_behind()
 
     @staticmethod
-    def _next(lines: queue.Queue) -> str | None:
+    def _next(lines: queue.Queue[str | None]) -> str | None:
         """The next line, "" when none came for a while, None at the pipe's end."""
         try:
             return lines.get(timeout=POLL)

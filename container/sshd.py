@@ -213,7 +213,7 @@ def make_client_key(files: SshFiles) -> str:
 
 def start_sshd(
     files: SshFiles, *, address: str, port: int, authorized_key: str
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start sshd for this job, its sessions given this host's own values of the host-own
     variables (from this process's environment); returns the process and this host's public
     host key."""
@@ -235,7 +235,7 @@ def start_sshd(
     return process, host_public_key
 
 
-def stop(process: subprocess.Popen | None) -> None:
+def stop(process: subprocess.Popen[bytes] | None) -> None:
     if process is not None and process.poll() is None:
         process.terminate()
         try:

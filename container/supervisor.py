@@ -30,12 +30,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from container.failure import Outcome, OutputLog, restart_point, summarize
 from container.lines import WholeLines
 from container.session import Session
 from container.watchdog import STACK_GRACE, ProgressWatch
 from job.protocol import FailureKind, parse_active
+
+# What signal.signal takes and gives back: a function, SIG_DFL or SIG_IGN, or None (a handler
+# not set from Python)
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class StopSignals:
@@ -49,18 +55,18 @@ class StopSignals:
         self.forward = forward
         self.received = threading.Event()
         self.overdue = False  # the ranks were still running `grace` s after the stop
-        self.previous = {}
+        self.previous: dict[signal.Signals, SignalHandler] = {}
 
     def __enter__(self) -> StopSignals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
-    def _handle(self, signum: int, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received.is_set():
             self.escalate()
             return
@@ -193,14 +199,14 @@ def stop_detail(
     return why if checkpoint_dir is None else f"{why}; {restart_point(checkpoint_dir)}"
 
 
-def _aborter(process: subprocess.Popen, abort: threading.Event, stops: StopSignals) -> None:
+def _aborter(process: subprocess.Popen[str], abort: threading.Event, stops: StopSignals) -> None:
     while process.poll() is None:
         if abort.wait(0.5):
             stops.escalate("the job ended on another host")
             return
 
 
-def _watchdog(process: subprocess.Popen, watch: ProgressWatch, stops: StopSignals) -> None:
+def _watchdog(process: subprocess.Popen[str], watch: ProgressWatch, stops: StopSignals) -> None:
     while process.poll() is None and not stops.received.is_set():
         silence = watch.overdue()
         if silence is None:

@@ -346,7 +346,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     """Serve the leader's mpirun over sshd until the leader reports the job's outcome."""
     cluster, launch = plan.cluster, plan.launch
     address = network.address_of(cluster.current_host)
-    started: list = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def prepare(public_key: str) -> str:
         process, host_key = sshd.start_sshd(

@@ -47,6 +47,7 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, cast
 
 MAX_LINKS = 40  # as many links as the kernel follows in one path before ELOOP
 # An extended header (pax, GNU long name or link) is read into memory whole; any real one is a
@@ -86,14 +87,16 @@ class BoundedHeaders(tarfile.TarInfo):
     """tarfile's member, refusing an extended header larger than MAX_HEADER_BYTES before
     tarfile reads it into memory (a pax header can declare gigabytes of zeros)."""
 
-    def _proc_member(self, tar):
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in EXTENDED_HEADERS and self.size > MAX_HEADER_BYTES:
             raise TooLarge(
                 self.name,
                 f"is an extended header of {self.size} bytes, more than "
                 f"the {MAX_HEADER_BYTES} any real archive needs",
             )
-        return super()._proc_member(tar)
+        # tarfile's own hook for reading a member's header, private and so not in typeshed
+        member: tarfile.TarInfo = super()._proc_member(tar)  # type: ignore[misc]
+        return member
 
 
 EXTENDED_HEADERS = (
@@ -216,7 +219,7 @@ def place(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> str:
         os.unlink(path)
     if member.issym():
         os.symlink(member.linkname, path)
-    elif member.islnk():
+    elif member.islnk() and source is not None:  # link_source: where a hard link leads
         os.link(source, path, follow_symlinks=False)
     else:
         write_file(tar, member, path)
@@ -253,7 +256,9 @@ def link_source(member: tarfile.TarInfo, folder: str, root: str) -> str | None:
 def write_file(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
     """A new regular file at `path` (never through a link), with the `data` filter's mode."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "wb") as target, tar.extractfile(member) as content:
+    # only regular members are written, and tarfile gives their content, never None
+    content_file = cast(IO[bytes], tar.extractfile(member))
+    with os.fdopen(descriptor, "wb") as target, content_file as content:
         shutil.copyfileobj(content, target)
         os.fchmod(descriptor, data_mode(member.mode))
         os.utime(descriptor, (member.mtime, member.mtime))

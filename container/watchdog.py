@@ -227,7 +227,7 @@ def _ranks(members: list[int], host_of_rank: Callable[[int], str]) -> str:
 def where(stack: list[str]) -> str:
     """Where one rank's main thread stood, from its faulthandler dump: the innermost frame,
     and the innermost frame of the user's own code when that is another."""
-    blocks: list[list[re.Match]] = []
+    blocks: list[list[re.Match[str]]] = []
     for line in stack:
         if _THREAD.match(line):
             blocks.append([])

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 STATE = "state.json"
 PREFIX = "epoch-"
@@ -44,7 +45,7 @@ def complete(directory: Path) -> list[Path]:
     )
 
 
-def read_state(folder: Path) -> dict:
+def read_state(folder: Path) -> dict[str, Any]:
     """A checkpoint's state; ValueError (or OSError) when it cannot be the one resumed from."""
     state = json.loads((folder / STATE).read_text())
     if not isinstance(state, dict) or not isinstance(state.get("epochs_done"), int):
@@ -56,7 +57,7 @@ def newest_usable(
     directory: Path,
     restore: Callable[[Path], None] = lambda folder: None,
     log: Callable[[str], None] = lambda line: None,
-) -> tuple[Path, dict] | None:
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint whose state reads and that `restore` (which raises when the
     variables do not read back) accepts, as (folder, state); None if none.
 

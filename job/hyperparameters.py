@@ -94,7 +94,7 @@ def unpassable(value: Any) -> str:
     return ""
 
 
-def _allowed(field: dataclasses.Field, kind: type) -> str:
+def _allowed(field: dataclasses.Field[Any], kind: type) -> str:
     meta = field.metadata
     if meta["choices"]:
         return "one of " + ", ".join(meta["choices"])
@@ -110,7 +110,7 @@ def _allowed(field: dataclasses.Field, kind: type) -> str:
     )
 
 
-def coerce(field: dataclasses.Field, kind: type, raw: Any) -> Any:
+def coerce(field: dataclasses.Field[Any], kind: type, raw: Any) -> Any:
     """Turn one raw hyperparameter value into the field's type, or raise ConfigError."""
     value = decode(raw)
     problem = f"hyperparameter {field.name}={raw!r} is invalid: expected {_allowed(field, kind)}"
@@ -147,7 +147,7 @@ def coerce(field: dataclasses.Field, kind: type, raw: Any) -> Any:
     return value
 
 
-def _fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
+def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], type]]:
     hints = typing.get_type_hints(cls)
     return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
 
@@ -157,7 +157,9 @@ def names(cls: type) -> set[str]:
     return {n for f, _ in _fields(cls) for n in (f.name, *f.metadata["aliases"])}
 
 
-def parse(cls: type[T], raw: Mapping[str, Any], *, allow_unknown: bool = False) -> tuple[T, dict]:
+def parse(
+    cls: type[T], raw: Mapping[str, Any], *, allow_unknown: bool = False
+) -> tuple[T, dict[str, Any]]:
     """Build `cls` from a raw hyperparameter map; return it and the keys it did not know.
 
     Unknown keys are an error unless `allow_unknown`; the message lists the valid names.

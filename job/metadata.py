@@ -112,7 +112,7 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _classes(document: dict) -> tuple[Any, ...] | None:
+def _classes(document: dict[str, Any]) -> tuple[Any, ...] | None:
     if document.get("task", "classification") != "classification":
         return None
     classes = document.get("classes")

@@ -202,7 +202,8 @@ def failing_frame(error: BaseException) -> traceback.FrameSummary | None:
     library and installed packages (the user's code that failed), else the innermost one."""
     frames = traceback.extract_tb(error.__traceback__)
     own = [frame for frame in frames if not frame.filename.startswith(LIBRARY_PATHS)]
-    return (own or frames or [None])[-1]
+    chosen = own or frames
+    return chosen[-1] if chosen else None
 
 
 def rank_failure(rank: int, host: str, error: BaseException) -> RankFailure:
@@ -210,9 +211,9 @@ def rank_failure(rank: int, host: str, error: BaseException) -> RankFailure:
     An error of no declared kind is a bug in the rank's code: the report names the file and
     line it was raised at, since a bare `assert` says nothing else."""
     kind = getattr(error, "kind", None)
-    declared = isinstance(kind, FailureKind)
-    frame = None if declared else failing_frame(error)
-    return RankFailure(rank, host, kind if declared else FailureKind.RANK, error_text(error, frame))
+    if isinstance(kind, FailureKind):
+        return RankFailure(rank, host, kind, error_text(error, None))
+    return RankFailure(rank, host, FailureKind.RANK, error_text(error, failing_frame(error)))
 
 
 def error_text(error: BaseException, frame: traceback.FrameSummary | None) -> str:

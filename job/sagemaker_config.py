@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from job.errors import ConfigError
 from job.hyperparameters import decode, encode, unpassable
@@ -176,7 +176,10 @@ def training_groups(groups: tuple[InstanceGroup, ...], setting: str) -> tuple[In
     return tuple(known[name] for name in dict.fromkeys(names))
 
 
-def _read_json(path: Path, expected: type) -> Any:
+_Json = TypeVar("_Json")
+
+
+def _read_json(path: Path, expected: type[_Json]) -> _Json:
     try:
         value = json.loads(path.read_text())
     except OSError as error:

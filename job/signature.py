@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 SUPPORTED_KINDS = "iuf"  # integers and floats: what JSON, CSV and .npy requests carry
 SIGNATURE = "serving_default"  # the signature served, TensorFlow Serving's default
@@ -24,7 +25,7 @@ SIGNATURE = "serving_default"  # the signature served, TensorFlow Serving's defa
 class TensorSpec:
     name: str
     shape: tuple[int | None, ...]  # one instance, without the batch dimension; None = any size
-    dtype: np.dtype
+    dtype: np.dtype[Any]
 
     @property
     def fixed(self) -> bool:
@@ -33,7 +34,7 @@ class TensorSpec:
     @property
     def size(self) -> int | None:
         """Values in one instance (the length of a flat CSV row), when every dimension is known."""
-        return math.prod(self.shape) if self.fixed else None
+        return math.prod(d for d in self.shape if d is not None) if self.fixed else None
 
     def describe(self) -> str:
         return "[" + ", ".join("None" if d is None else str(d) for d in self.shape) + "]"
@@ -49,11 +50,11 @@ class ModelInterface:
     def input_names(self) -> list[str]:
         return [spec.name for spec in self.inputs]
 
-    def record_dtype(self) -> np.dtype:
+    def record_dtype(self) -> np.dtype[Any]:
         """The structured dtype of one instance of a model with several (fixed-shape) inputs."""
         return np.dtype([(spec.name, spec.dtype, spec.shape) for spec in self.inputs])
 
-    def feed(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def feed(self, batch: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
         """A batch as the model's named inputs."""
         if len(self.inputs) == 1:
             return {self.inputs[0].name: batch}
@@ -65,7 +66,7 @@ class ModelInterface:
         return f"inputs {inputs}; outputs {', '.join(self.outputs)}; {answer}"
 
 
-def pack_outputs(outputs: dict[str, np.ndarray]) -> np.ndarray:
+def pack_outputs(outputs: dict[str, npt.NDArray[Any]]) -> npt.NDArray[Any]:
     """The model's outputs as one array: itself for one output, else a structured array."""
     if len(outputs) == 1:
         return next(iter(outputs.values()))

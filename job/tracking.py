@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,10 +100,8 @@ class Tracking:
         user's own `mlflow` can reach (a `file:` or database URI: left to the script). Reads
         nothing: a token in Secrets Manager is read by `authenticated`."""
         uri = environ.get("MLFLOW_TRACKING_URI", "").strip()
-        tls = {
-            "verify": environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() != "true",
-            "ca_file": environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH", ""),
-        }
+        verify = environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() != "true"
+        ca_file = environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH", "")
         if uri.startswith("arn:"):
             found = ARN.fullmatch(uri)
             if not found:
@@ -123,7 +121,8 @@ class Tracking:
                 arn=uri,
                 region=region,
                 headers={"x-mlflow-sm-tracking-server-arn": uri},
-                **tls,
+                verify=verify,
+                ca_file=ca_file,
             )
         if not uri.startswith(("http://", "https://")):
             return None
@@ -153,7 +152,13 @@ class Tracking:
         elif username:
             pair = f"{username}:{password}"
             headers["Authorization"] = f"Basic {base64.b64encode(pair.encode()).decode()}"
-        return cls(endpoint.rstrip("/"), headers=headers, token_secret=secret, **tls)
+        return cls(
+            endpoint.rstrip("/"),
+            headers=headers,
+            token_secret=secret,
+            verify=verify,
+            ca_file=ca_file,
+        )
 
     def authenticated(self, client: Any = None) -> Tracking:
         """This server with its token, read now from Secrets Manager when `token_secret`
@@ -251,6 +256,8 @@ class Tracking:
                 f"cannot sign requests to the managed MLflow server {self.arn}: {_said(error)}"
             ) from None
         parts = urllib.parse.urlsplit(url)
+        if parts.hostname is None:
+            raise TrackingError(f"{url} names no host; MLFLOW_TRACKING_URI takes http(s)://HOST")
         connection = (
             http.client.HTTPSConnection(
                 parts.hostname, parts.port, timeout=seconds, context=self._tls()
@@ -334,9 +341,12 @@ def read_token(secret_arn: str, client: Any = None) -> str:
             import boto3
             from botocore.config import Config
 
+            arn = SECRET_ARN.fullmatch(secret_arn)
+            if arn is None:  # from_environment checked it: only a caller's own ARN gets here
+                raise ValueError("not the ARN of a Secrets Manager secret")
             client = boto3.client(
                 "secretsmanager",
-                region_name=SECRET_ARN.fullmatch(secret_arn).group(2),
+                region_name=arn.group(2),
                 config=Config(
                     connect_timeout=5,
                     read_timeout=10,
@@ -462,13 +472,13 @@ def log_batch(
     tracking: Tracking,
     run_id: str,
     *,
-    metrics: list[dict[str, Any]] = (),
+    metrics: Sequence[Mapping[str, Any]] = (),
     params: Mapping[str, Any] | None = None,
     tags: Mapping[str, Any] | None = None,
 ) -> None:
     """Log in as many requests as MLflow's per-request limits take; parameter values are cut
     to MLflow's limit (a long JSON hyperparameter still says how it starts)."""
-    items = {
+    items: dict[str, list[Mapping[str, Any]]] = {
         "metrics": list(metrics),
         "params": [
             {"key": k, "value": str(v)[:PARAM_VALUE_LIMIT]} for k, v in (params or {}).items()
@@ -476,7 +486,7 @@ def log_batch(
         "tags": [{"key": k, "value": str(v)} for k, v in (tags or {}).items()],
     }
     while any(items.values()):
-        body = {"run_id": run_id}
+        body: dict[str, Any] = {"run_id": run_id}
         for kind, limit in BATCH_LIMITS.items():
             body[kind], items[kind] = items[kind][:limit], items[kind][limit:]
         tracking.call("runs/log-batch", body)

@@ -161,7 +161,7 @@ class TrainerConfig:
         return _positive_ints(self.conv_filters)
 
     @property
-    def profiled_steps(self) -> tuple[int, int] | int:
+    def profiled_steps(self) -> tuple[int, ...] | int:
         """Keras TensorBoard's profile_batch: (first, last), or 0 for none."""
         return tuple(_positive_ints(self.profile_steps)) if self.profile_steps else 0
 
