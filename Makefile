@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup train train-images test test-unit
+.PHONY: setup train train-images test test-unit lint
 
 # --- training runtime -----------------------------------------------------------------
 $(SETUP_STAMP): requirements.txt constraints.txt scripts/setup.sh pyproject.toml
@@ -20,9 +20,16 @@ train: setup
 train-images: setup
 	$(PY) scripts/default_job.py --data images --model mobilenet_v2 --epochs 3
 
-## The whole test suite (what CI runs), in timed phases: set-up, image build, unit, container.
+## The whole test suite (what CI runs), in timed phases: set-up, lint, image build, unit, container.
 test:
 	bash scripts/test_phases.sh
+
+## Lint and types (the first phase of `make test`): ruff's rules and formatting (pyproject.toml),
+## then mypy, strict on job/ and container/. `ruff check --fix . && ruff format .` fixes most.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 ## The inner loop: every test but the container ones (no image build, no podman).
 test-unit: setup

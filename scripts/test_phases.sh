@@ -4,6 +4,7 @@
 #   set-up           scripts/container_setup.sh, scripts/setup.sh (venv, Horovod wheel), the
 #                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3, the
 #                    MLflow server and the GPU machine's stand-in test venvs)
+#   lint             `make lint`: ruff (rules, formatting) and mypy; a failure ends the run
 #   image build      the CPU image the container tests run (scripts/build_image.sh)
 #   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP);
 #                    the TensorFlow 2.21 image (STACK=tf: downloads and installs, nothing to
@@ -47,6 +48,7 @@ phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           tools=$!
                           bash scripts/setup.sh; built=$?
                           wait $base && wait $sdk && wait $tools && exit $built; }'
+phase "lint" make --no-print-directory lint
 phase "image build" bash scripts/build_image.sh
 mkdir -p build
 STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &
