@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from job.protocol import metrics_line
 from job.tracking import RunLogger, metric
 from train.agreement import SAVE, STOP, Cadence, agree_after_step
-from train.jax_state import attach_state
 from train.framework import keras
+from train.jax_state import attach_state
 from train.progress import Progress
 from train.rank import emit
 

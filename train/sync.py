@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, ContextManager
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -64,7 +65,7 @@ class Sync(ABC):
     size: int  # ranks in the job
 
     @abstractmethod
-    def scope(self) -> ContextManager[Any]:
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
         """Where the model and its optimizer are built and compiled."""
 
     @abstractmethod
@@ -149,7 +150,7 @@ class Horovod(Sync):
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.rank, self.size = hvd.rank(), hvd.size()
 
-    def scope(self) -> ContextManager[Any]:
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
     def allgather_object(self, value: Any, name: str) -> list[Any]:
@@ -259,8 +260,8 @@ class Mirrored(OverMpi, Sync):
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         super().__init__()
 
-    def scope(self) -> ContextManager[Any]:
-        scope: ContextManager[Any] = self.strategy.scope()
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
+        scope: contextlib.AbstractContextManager[Any] = self.strategy.scope()
         return scope
 
     def average_statistics(self, variables: list[Variable]) -> None:
@@ -321,7 +322,7 @@ class KerasOnJax(OverMpi, Sync):
 
         return keras.distribution.DataParallel(auto_shard_dataset=False)
 
-    def scope(self) -> ContextManager[Any]:
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
     def average_statistics(self, variables: list[Variable]) -> None:

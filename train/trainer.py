@@ -17,33 +17,41 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from job.errors import ConfigError, PlatformError
-from job.sagemaker_config import Channel, read_channels
-from job.protocol import Mark, mark_line, stopped_line
+from job import notices
 from job.batching import BatchPlan
+from job.errors import ConfigError, PlatformError
+from job.protocol import Mark, mark_line, stopped_line
+from job.rank_job import DATA_SERVICE_ENV
+from job.sagemaker_config import Channel, read_channels
+from job.tracking import FLUSH_SECONDS, WARNING_FILE, RunLogger
+from job.trainer_config import TrainerConfig
 from train.agreement import Cadence
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
-from train.checkpoints import (ArrayCheckpoint, CheckpointStore, loaded_values,
-                               variables_checkpoint)
+from train.checkpoints import ArrayCheckpoint, CheckpointStore, loaded_values, variables_checkpoint
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
-from job.rank_job import DATA_SERVICE_ENV
-from job.trainer_config import TrainerConfig
-from job import notices
-from job.tracking import FLUSH_SECONDS, WARNING_FILE, RunLogger
-from train.models import (BUILDERS, initial_weights_file, load_initial_weights,
-                          use_mixed_precision)
-from train.pipeline import (Source, Table, evaluation_input, label_lookup, moments,
-                            naming_bad_records, open_source, served, training_input)
+from train.models import BUILDERS, initial_weights_file, load_initial_weights, use_mixed_precision
+from train.pipeline import (
+    Source,
+    Table,
+    evaluation_input,
+    label_lookup,
+    moments,
+    naming_bad_records,
+    open_source,
+    served,
+    training_input,
+)
 from train.position import JobPosition, stream_start
 from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
