@@ -175,13 +175,16 @@ def spans_processes(array: Any) -> bool:
     return not whole_in_every_process(by_process, jax.process_count())
 
 
-def available_memory(meminfo: str, cgroup_max: str | None, cgroup_current: str | None) -> int:
+def available_memory(meminfo: str, cgroup_max: str | None, cgroup_stat: str | None) -> int:
     """Bytes this host can still give a process: MemAvailable, or less where a cgroup (the
-    container's memory limit) allows less."""
+    container's memory limit) allows less: its limit less its anonymous memory (its page
+    cache counts in memory.current but is given back on demand, as MemAvailable counts it)."""
     available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines()
                       if line.startswith("MemAvailable:")), 0)
-    if cgroup_max and cgroup_max.strip().isdigit() and cgroup_current:
-        available = min(available, int(cgroup_max) - int(cgroup_current))
+    anonymous = next((int(line.split()[1]) for line in (cgroup_stat or "").splitlines()
+                      if line.startswith("anon ")), None)
+    if cgroup_max and cgroup_max.strip().isdigit() and anonymous is not None:
+        available = min(available, int(cgroup_max) - anonymous)
     return max(available, 0)
 
 
@@ -194,7 +197,7 @@ def _read(path: str) -> str | None:
 
 def host_memory() -> int:
     return available_memory(_read("/proc/meminfo") or "", _read("/sys/fs/cgroup/memory.max"),
-                            _read("/sys/fs/cgroup/memory.current"))
+                            _read("/sys/fs/cgroup/memory.stat"))
 
 
 def gib(count: int) -> str:

@@ -249,3 +249,75 @@ def test_a_guide_model_parallel_script_is_warned_and_saves_a_model_split_across_
     model_dir = local_cluster.host_paths(spec, "algo-1").model_dir
     assert sorted(p.name for p in model_dir.iterdir()) == ["model.keras"]
     assert not any(local_cluster.host_paths(spec, "algo-2").model_dir.iterdir())
+
+
+# keras.io's ModelParallel code as the guide writes it (a functional model, unnamed layers),
+# then the same model under auto_model_parallel, then a save that fails: one process with 4
+# devices, under the hooks script mode installs (train.keras_script.install).
+ONE_PROCESS = """
+import os, tempfile
+from train import keras_script
+keras_script.install()
+import keras
+import numpy as np
+from keras import layers
+from train.layouts import auto_model_parallel
+
+devices = keras.distribution.list_devices()
+mesh = keras.distribution.DeviceMesh((1, 4), ["data", "model"], devices)
+layout_map = keras.distribution.LayoutMap(mesh)  # the guide's, as written
+layout_map["d1/kernel"] = (None, "model")
+layout_map["d1/bias"] = ("model",)
+layout_map["d2/output"] = ("data", None)
+keras.distribution.set_distribution(
+    keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="data"))
+
+def guide():
+    inputs = layers.Input(shape=(28, 28, 1))
+    y = layers.Flatten()(inputs)
+    y = layers.Dense(units=200, use_bias=False, activation="relu")(y)
+    y = layers.Dropout(0.4)(y)
+    y = layers.Dense(units=10, activation="softmax")(y)
+    model = keras.Model(inputs=inputs, outputs=y)
+    model.compile(loss="mse")
+    return model
+
+x, y = np.zeros((16, 28, 28, 1), "float32"), np.zeros((16, 10), "float32")
+guide().fit(x, y, batch_size=16, verbose=0)
+keras.distribution.set_distribution(auto_model_parallel(mesh, batch_dim_name="data"))
+model = guide()
+model.fit(x, y, batch_size=16, verbose=0)
+print("AUTO", [(tuple(v.shape), tuple(v.value.sharding.spec)) for v in model.trainable_variables])
+
+class Unsaveable(layers.Layer):
+    def save_own_variables(self, store):
+        raise OSError("disk full")
+
+folder = tempfile.mkdtemp()
+try:
+    keras.Sequential([layers.Input((4,)), Unsaveable()]).save(os.path.join(folder, "m.keras"))
+except OSError as error:
+    print("SAVE FAILED", error, "LEFT", os.listdir(folder))
+"""
+
+
+def test_the_guides_keys_all_replicated_warned_auto_layout_splits_and_no_torn_save(engine,
+                                                                                   tf_image):
+    """Against the image's pinned Keras: every key of the guide matches nothing in its own
+    model (paths `dense/kernel`), and the run that split nothing is named; auto_model_parallel
+    splits each kernel on a dimension the model axis divides; a save that raises leaves no
+    file behind (Keras alone leaves a partial `.keras`)."""
+    result = engine.run("run", "--rm", "--network", "none", "-e", "KERAS_BACKEND=jax",
+                        "-e", "XLA_FLAGS=--xla_force_host_platform_device_count=4",
+                        tf_image, "python", "-c", ONE_PROCESS, check=False, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    for key in ("d1/kernel", "d1/bias", "d2/output"):
+        assert (f"launcher: WARNING: layout key '{key}' matched no variable; paths look like "
+                "'dense/kernel', 'dense_1/bias', 'dense_1/kernel'") in output, output[-3000:]
+    assert ("launcher: WARNING: ModelParallel sharded none of the 3 trainable variables of "
+            "model 'functional'") in output, output[-3000:]
+    assert output.count("ModelParallel sharded none") == 1, output[-3000:]  # not the auto one
+    assert ("AUTO [((784, 200), (None, 'model')), ((200, 10), ('model', None)), ((10,), "
+            "(None,))]") in output, output[-3000:]
+    assert "SAVE FAILED disk full LEFT []" in output, output[-3000:]

@@ -79,10 +79,14 @@ def test_only_an_array_some_process_cannot_read_whole_is_gathered():
 
 
 def test_available_memory_is_the_smaller_of_the_host_and_the_container_limit():
+    """The container's page cache is given back on demand: only its anonymous memory counts
+    against its limit (measured: memory.current above memory.max in a test container)."""
     meminfo = "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n"
+    stat = "anon 1000000000\nfile 5000000000\n"
     assert keras_script.available_memory(meminfo, None, None) == 4_096_000_000
-    assert keras_script.available_memory(meminfo, "max\n", "10") == 4_096_000_000
-    assert keras_script.available_memory(meminfo, "3000000000\n", "1000000000\n") == 2 * 10**9
+    assert keras_script.available_memory(meminfo, "max\n", stat) == 4_096_000_000
+    assert keras_script.available_memory(meminfo, "3000000000\n", stat) == 2 * 10**9
+    assert keras_script.available_memory(meminfo, "500000000\n", stat) == 0
 
 
 def test_a_call_that_cannot_fit_a_host_says_what_to_call_instead():
