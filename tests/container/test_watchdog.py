@@ -4,9 +4,10 @@ mpirun: a rank frozen with SIGSTOP, a rank that sleeps before its first allreduc
 settings), every rank blocked on a FIFO with no writer (a dead mount), a script that deadlocks
 after printing; and an unmodified Horovod script, a leader working alone without a line for
 longer than `progress_timeout` while the other rank waits. The allowances are the shortest the
-launcher accepts (120 s: job.launch_config.MIN_PROGRESS_TIMEOUT). Each prints the seconds from
-the fault to the launcher's exit (the numbers of docs/training.md's fault table); none asserts
-a time."""
+launcher accepts (120 s: job.launch_config.MIN_PROGRESS_TIMEOUT), so those five jobs, mostly
+waiting, run at once (all_at_once), each asserted on its own. Each prints the seconds from the
+fault to the launcher's exit (the numbers of docs/training.md's fault table); none asserts a
+time."""
 
 import http.server
 import os
@@ -25,6 +26,7 @@ from container.watchdog import IO_WAIT_LIMIT, ProgressWatch, where
 from job.protocol import active_line, progress_line
 from tests.conftest import TRAIN, failure_of, run_train
 from tests.container.test_multi_host import cluster, start  # noqa: F401 (a fixture)
+from tests.waiting import eventually
 
 
 class Clock:
@@ -266,15 +268,16 @@ model.fit(dataset, steps_per_epoch=1200, epochs=2, verbose=2 if hvd.rank() == 0 
 def job(make_script_job, make_job, tmp_path):
     processes = []
 
-    def start(hyperparameters, fault=None, builtin=False, prepare=None):
+    def start(hyperparameters, fault=None, builtin=False, prepare=None, name=None, env=None):
+        """A job under tmp_path/`name` (jobs that run at once each need a name of their own)."""
         values = {"processes_per_host": 2, **hyperparameters}
-        root = make_job(values) if builtin else \
-            make_script_job("probe.py", values, PROBE)
+        root = make_job(values, name=name) if builtin else \
+            make_script_job("probe.py", values, PROBE, name=name)
         if prepare:
             prepare(root)
         process = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                   env={**os.environ, "FAULT": fault or ""})
+                                   env={**os.environ, **(env or {}), "FAULT": fault or ""})
         processes.append(process)
         return root, process
 
@@ -291,16 +294,16 @@ def job(make_script_job, make_job, tmp_path):
 
 
 def wait_for(path, process, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+    def appeared():
         assert process.poll() is None, process.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.2)
+        return path.exists()
+
+    eventually(appeared, f"{path} never appeared", timeout)
 
 
-def finish(process, fault_at):
+def finish(process, fault_at, case):
     output = process.communicate(timeout=300)[0]
-    print(f"fault -> launcher exit: {time.monotonic() - fault_at:.1f} s")
+    print(f"{case}: fault -> launcher exit: {time.monotonic() - fault_at:.1f} s")
     return output
 
 
@@ -315,37 +318,108 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank}")
 
 
-def test_a_rank_of_the_builtin_trainer_frozen_with_sigstop(job):
-    # Horovod's stall check off: case 1 (no rank works) is the one under test, not case 2
-    root, process = job({"progress_timeout": 120, "epochs": 1000, "checkpoint_every_epochs": 1,
-                         "mpi_options": "-x HOROVOD_STALL_CHECK_DISABLE=1"}, builtin=True)
-    wait_for(root / "checkpoints", process)  # epoch 1 is done: steps are being made
-    os.kill(rank_pid(process, 1), signal.SIGSTOP)
-    output = finish(process, time.monotonic())
-    assert process.returncode == 4, output[-3000:]
-    reason = failure_of(root)
-    assert reason.startswith("no progress for "), reason
-    assert "(progress_timeout 120 s): " in reason
-    # the frozen rank prints its stack only if mpirun's teardown continues it in time
-    assert re.search(r"rank 1 on algo-1 last finished step \d+, (gave no stack|in )", reason) \
-        or re.search(r"ranks 0, 1 on algo-1 last finished step \d+, in ", reason), reason
-    assert "TRAIN-PROGRESS" not in output  # swallowed
-    assert "Current thread 0x" in output  # the stacks are in the log
+def all_at_once(cases) -> None:
+    """Run every case (name -> function) in a thread of its own and wait for all of them.
+    Each fault case mostly waits (the 120 s allowance, then the launcher's teardown): one
+    after another the five took 794 s, at once 227 s (on a busy 2-core machine). A case
+    that fails does not stop the others; the test then fails naming each failed case with its
+    own message."""
+    failures = {}
+
+    def run(name, case):
+        try:
+            case(name)
+        except BaseException as error:  # an assertion or a timeout: this case's failure alone
+            failures[name] = f"{type(error).__name__}: {error}"
+
+    threads = [threading.Thread(target=run, args=(name, case), name=name)
+               for name, case in cases.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, "\n\n".join(f"case {name!r} failed: {message}"
+                                      for name, message in sorted(failures.items()))
 
 
-def test_a_rank_that_sleeps_before_its_first_allreduce_with_default_settings(job):
-    """progress_timeout 300 and first_progress_timeout 1800 would wait far longer: the rank
-    the other waits for is named once Horovod's stall check (every 30 s) finds it idle."""
-    root, process = job({}, "sleep_before_allreduce")
-    wait_for(root / "output" / "data" / "pid1", process)
-    output = finish(process, time.monotonic())
-    assert process.returncode == 4, output[-3000:]
-    reason = failure_of(root)
-    assert reason.startswith("rank 1 on algo-1 did nothing for "), reason
-    assert "while the other ranks waited for it in a collective (Horovod's stall check, " \
-           "every 30 s)" in reason, reason
-    assert "rank 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
-    assert "rank(s) 1 never submitted" in reason, reason
+def test_hung_jobs_end_named_and_a_working_leader_survives(job):
+    """Five jobs at once, each asserted on its own (a failure names its case): see each
+    case's docstring."""
+
+    def a_rank_of_the_builtin_trainer_frozen_with_sigstop(name):
+        """Horovod's stall check off: case 1 (no rank works) is the one under test, not
+        case 2."""
+        root, process = job({"progress_timeout": 120, "epochs": 1000,
+                             "checkpoint_every_epochs": 1,
+                             "mpi_options": "-x HOROVOD_STALL_CHECK_DISABLE=1"},
+                            builtin=True, name=name)
+        wait_for(root / "checkpoints", process)  # epoch 1 is done: steps are being made
+        os.kill(rank_pid(process, 1), signal.SIGSTOP)
+        output = finish(process, time.monotonic(), name)
+        assert process.returncode == 4, output[-3000:]
+        reason = failure_of(root)
+        assert reason.startswith("no progress for "), reason
+        assert "(progress_timeout 120 s): " in reason, reason
+        # the frozen rank prints its stack only if mpirun's teardown continues it in time
+        assert re.search(r"rank 1 on algo-1 last finished step \d+, (gave no stack|in )",
+                         reason) or re.search(r"ranks 0, 1 on algo-1 last finished step \d+, in ",
+                                              reason), reason
+        assert "TRAIN-PROGRESS" not in output, output[-3000:]  # swallowed
+        assert "Current thread 0x" in output, output[-3000:]  # the stacks are in the log
+
+    def a_rank_that_sleeps_before_its_first_allreduce_with_default_settings(name):
+        """progress_timeout 300 and first_progress_timeout 1800 would wait far longer: the
+        rank the other waits for is named once Horovod's stall check (every 30 s) finds it
+        idle."""
+        root, process = job({}, "sleep_before_allreduce", name=name)
+        wait_for(root / "output" / "data" / "pid1", process)
+        output = finish(process, time.monotonic(), name)
+        assert process.returncode == 4, output[-3000:]
+        reason = failure_of(root)
+        assert reason.startswith("rank 1 on algo-1 did nothing for "), reason
+        assert "while the other ranks waited for it in a collective (Horovod's stall check, " \
+               "every 30 s)" in reason, reason
+        assert "rank 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
+        assert "rank(s) 1 never submitted" in reason, reason
+
+    def a_leader_working_alone_while_the_other_rank_waits_survives(name):
+        """Horovod's stall check (every 2 s here) names rank 0 as missing the whole time, and
+        no rank prints for 130 s, longer than progress_timeout (120 s, the minimum): rank 0 is
+        working, a third of a core, so its pulses keep the job alive and nothing fires
+        (Horovod's own stall shutdown, formerly 600 s, is off: one arbiter decides)."""
+        root, process = job({"progress_timeout": 120,
+                             "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"},
+                            "leader_alone", name=name)
+        output = process.communicate(timeout=400)[0]
+        assert process.returncode == 0, output[-3000:]
+        assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
+
+    def every_rank_blocked_on_a_dead_mount(name):
+        """Before TensorFlow is even imported: the allowance before the first progress."""
+        root, process = job({"first_progress_timeout": 120}, "dead_mount", name=name,
+                            prepare=lambda root: os.mkfifo(root / "input/data/train/pipe"))
+        output = finish(process, time.monotonic(), name)
+        assert process.returncode == 4, output[-3000:]
+        reason = failure_of(root)
+        assert "(first_progress_timeout 120 s) (none since the start)" in reason, reason
+        assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, \
+            reason + output[-4000:]
+
+    def a_script_that_deadlocks_after_printing(name):
+        root, process = job({"progress_timeout": 120}, "deadlock_after_printing", name=name)
+        wait_for(root / "output" / "data" / "pid1", process)
+        output = finish(process, time.monotonic(), name)
+        assert process.returncode == 4, output[-3000:]
+        reason = failure_of(root)
+        assert "(progress_timeout 120 s)" in reason, reason  # the print counted as progress
+        assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
+
+    all_at_once({case.__name__: case for case in (
+        a_rank_of_the_builtin_trainer_frozen_with_sigstop,
+        a_rank_that_sleeps_before_its_first_allreduce_with_default_settings,
+        a_leader_working_alone_while_the_other_rank_waits_survives,
+        every_rank_blocked_on_a_dead_mount,
+        a_script_that_deadlocks_after_printing)})
 
 
 def test_an_unmodified_script_completes_under_the_shortest_allowances(make_script_job):
@@ -363,18 +437,6 @@ def test_an_unmodified_script_completes_under_the_shortest_allowances(make_scrip
     assert len(epochs) == 2, result.stdout[-3000:]
     print(f"seconds per epoch, as Keras printed them: {epochs}")
     assert "TRAIN-ACTIVE" not in result.stdout + result.stderr  # swallowed
-
-
-def test_a_leader_working_alone_while_the_other_rank_waits_survives(job):
-    """Horovod's stall check (every 2 s here) names rank 0 as missing the whole time, and no
-    rank prints for 130 s, longer than progress_timeout (120 s, the minimum): rank 0 is
-    working, a third of a core, so its pulses keep the job alive and nothing fires (Horovod's
-    own stall shutdown, formerly 600 s, is off: one arbiter decides)."""
-    root, process = job({"progress_timeout": 120,
-                         "mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"}, "leader_alone")
-    output = process.communicate(timeout=400)[0]
-    assert process.returncode == 0, output[-3000:]
-    assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
 
 
 def test_a_rank_in_a_slow_http_call_while_the_other_waits_survives(job, monkeypatch):
@@ -401,28 +463,6 @@ def test_a_rank_in_a_slow_http_call_while_the_other_waits_survives(job, monkeypa
         server.server_close()
     assert process.returncode == 0, output[-3000:]
     assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
-
-
-def test_every_rank_blocked_on_a_dead_mount(job):
-    """Before TensorFlow is even imported: the allowance before the first progress."""
-    root, process = job({"first_progress_timeout": 120}, "dead_mount",
-                        prepare=lambda root: os.mkfifo(root / "input/data/train/pipe"))
-    output = finish(process, time.monotonic())
-    assert process.returncode == 4, output[-3000:]
-    reason = failure_of(root)
-    assert "(first_progress_timeout 120 s) (none since the start)" in reason, reason
-    assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, \
-        reason + output[-4000:]
-
-
-def test_a_script_that_deadlocks_after_printing(job):
-    root, process = job({"progress_timeout": 120}, "deadlock_after_printing")
-    wait_for(root / "output" / "data" / "pid1", process)
-    output = finish(process, time.monotonic())
-    assert process.returncode == 4, output[-3000:]
-    reason = failure_of(root)
-    assert "(progress_timeout 120 s)" in reason, reason  # the print counted as progress
-    assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
 
 
 def test_a_hang_on_the_worker_host_ends_every_host_with_the_same_code(cluster):
