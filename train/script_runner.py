@@ -14,7 +14,9 @@ Every process is also told its place among the job's processes for Keras 3 and J
 no setting of its own. A script whose processes are known to have trained one model each (its
 JAX ran with fewer processes than the job has, or a one-host MirroredStrategy ran in several)
 fails the job, naming the fix; one that synchronised them with nothing this image knows is
-warned about (train.apart).
+warned about (train.apart). A script that imports Keras 3 gets, from train.keras_script: its
+ModelParallel layout keys that match no variable named in the log, and model.save/get_weights
+of a model split across hosts gathered onto every process, with no torn file left.
 
 The user's modules win over ours: `train.py`, `job.py` or a `serve/` package beside the script
 is what `import train` gives the script, even though this runner already imported our packages
