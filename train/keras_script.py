@@ -33,8 +33,9 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from job.errors import ConfigError
 from train import layouts
@@ -117,6 +118,7 @@ def patch(keras: Any) -> None:
 
 # --- layouts -----------------------------------------------------------------------------
 
+
 def _patch_layouts(keras: Any) -> None:
     from keras.src.backend.jax.trainer import JAXTrainer
 
@@ -138,8 +140,11 @@ def _patch_layouts(keras: Any) -> None:
             self._launcher_layouts_checked = True
             distribution = keras.distribution.distribution()
             layout_map = getattr(distribution, "_layout_map", None)
-            judged = layout_map.__dict__.setdefault("_launcher_judged", set()) \
-                if layout_map is not None else set()
+            judged = (
+                layout_map.__dict__.setdefault("_launcher_judged", set())
+                if layout_map is not None
+                else set()
+            )
             for text in layouts.check(self, distribution, judged):
                 say(f"WARNING: {text}")
         return result
@@ -157,8 +162,7 @@ def whole_in_every_process(indices_by_process: Mapping[int, set], processes: int
     devices (`indices_by_process`: process -> the pieces its devices hold), so that each reads
     it whole without a collective (JAX's own rule, applied to every process alike)."""
     pieces = set().union(*indices_by_process.values()) if indices_by_process else set()
-    return all(indices_by_process.get(process, set()) == pieces
-               for process in range(processes))
+    return all(indices_by_process.get(process, set()) == pieces for process in range(processes))
 
 
 def spans_processes(array: Any) -> bool:
@@ -179,10 +183,22 @@ def available_memory(meminfo: str, cgroup_max: str | None, cgroup_stat: str | No
     """Bytes this host can still give a process: MemAvailable, or less where a cgroup (the
     container's memory limit) allows less: its limit less its anonymous memory (its page
     cache counts in memory.current but is given back on demand, as MemAvailable counts it)."""
-    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines()
-                      if line.startswith("MemAvailable:")), 0)
-    anonymous = next((int(line.split()[1]) for line in (cgroup_stat or "").splitlines()
-                      if line.startswith("anon ")), None)
+    available = next(
+        (
+            int(line.split()[1]) * 1024
+            for line in meminfo.splitlines()
+            if line.startswith("MemAvailable:")
+        ),
+        0,
+    )
+    anonymous = next(
+        (
+            int(line.split()[1])
+            for line in (cgroup_stat or "").splitlines()
+            if line.startswith("anon ")
+        ),
+        None,
+    )
     if cgroup_max and cgroup_max.strip().isdigit() and anonymous is not None:
         available = min(available, int(cgroup_max) - anonymous)
     return max(available, 0)
@@ -196,8 +212,11 @@ def _read(path: str) -> str | None:
 
 
 def host_memory() -> int:
-    return available_memory(_read("/proc/meminfo") or "", _read("/sys/fs/cgroup/memory.max"),
-                            _read("/sys/fs/cgroup/memory.stat"))
+    return available_memory(
+        _read("/proc/meminfo") or "",
+        _read("/sys/fs/cgroup/memory.max"),
+        _read("/sys/fs/cgroup/memory.stat"),
+    )
 
 
 def gib(count: int) -> str:
@@ -212,11 +231,13 @@ def too_large(call: str, need: int, hosts: list[tuple[int, int]]) -> str | None:
         return None
     process, free = short[0]
     what = "the model's weights" if call == "get_weights" else "its largest variable"
-    return (f"{call} gathers {what} ({gib(need)}) onto every process, but process {process}'s "
-            f"host has {gib(free)} of memory free. Save the model sharded instead, each "
-            "process writing its own shards (for each variable, "
-            "`variable.value.addressable_shards`: each shard's `.index` and `.data`), or give "
-            "each host more memory")
+    return (
+        f"{call} gathers {what} ({gib(need)}) onto every process, but process {process}'s "
+        f"host has {gib(free)} of memory free. Save the model sharded instead, each "
+        "process writing its own shards (for each variable, "
+        "`variable.value.addressable_shards`: each shard's `.index` and `.data`), or give "
+        "each host more memory"
+    )
 
 
 def _nbytes(variable: Any) -> int:
@@ -256,16 +277,20 @@ def gathering(model: Any, call: str) -> Iterator[None]:
 
     sizes = [_nbytes(v) for v in (variables if call == "get_weights" else spanning)]
     need = sum(sizes) if call == "get_weights" else max(sizes)
-    free = multihost_utils.process_allgather(np.array([host_memory()], dtype=np.int64))
-    reason = too_large(call, need, list(enumerate(int(f) for f in np.ravel(free))))
+    # In MiB, as int32: JAX without x64 (its default) turns an int64 into an int32, and
+    # bytes above 2 GiB wrapped round to negative numbers (measured).
+    free = multihost_utils.process_allgather(np.array([host_memory() >> 20], dtype=np.int32))
+    reason = too_large(call, need, [(p, int(f) << 20) for p, f in enumerate(np.ravel(free))])
     if reason:
         raise ModelTooLarge(reason)
     if call not in _said:
         _said.add(call)
-        say(f"{call} gathers the shards of {len(spanning)} variables "
+        say(
+            f"{call} gathers the shards of {len(spanning)} variables "
             f"({gib(sum(_nbytes(v) for v in spanning))}) from {jax.process_count()} processes "
             "onto every process, so that process 0 holds the whole model; every process must "
-            f"call {call} (train.keras_script)")
+            f"call {call} (train.keras_script)"
+        )
     _local.call = call
     try:
         yield
@@ -288,8 +313,9 @@ def _patch_reads(keras: Any) -> None:
             import numpy as np
             from jax.experimental import multihost_utils
 
-            return np.asarray(multihost_utils.process_allgather(self.value, tiled=True),
-                              dtype=dtype)
+            return np.asarray(
+                multihost_utils.process_allgather(self.value, tiled=True), dtype=dtype
+            )
         return read(self, dtype)
 
     JaxVariable.__array__ = __array__
@@ -305,6 +331,7 @@ def _patch_reads(keras: Any) -> None:
 
 # --- no torn files ------------------------------------------------------------------------
 
+
 def partial_path(target: Path, pid: int) -> Path:
     """Where a save to `target` writes first: beside it (one file system, so the rename is
     atomic), hidden, and ending as `target` does (Keras picks the format by the ending)."""
@@ -314,8 +341,11 @@ def partial_path(target: Path, pid: int) -> Path:
 def local_file(filepath: Any, kwargs: Mapping[str, Any]) -> Path | None:
     """The local file a save writes, or None where it writes something else (a folder with
     zipped=False, shards with max_shard_size, a remote or file-like target)."""
-    if not isinstance(filepath, (str, os.PathLike)) or kwargs.get("zipped") is False or \
-            kwargs.get("max_shard_size") is not None:
+    if (
+        not isinstance(filepath, (str, os.PathLike))
+        or kwargs.get("zipped") is False
+        or kwargs.get("max_shard_size") is not None
+    ):
         return None
     text = os.fspath(filepath)
     if "://" in text or text.endswith(".weights.json"):

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 # What a variable's name ends with when auto_axes shards it: Dense/Conv/EinsumDense kernels
 # (recurrent_kernel, depthwise_kernel, ...), Embedding tables (embeddings, reverse_embeddings).
@@ -65,8 +66,10 @@ def unmatched_message(key: str, paths: Sequence[str]) -> str:
     if examples:
         text += "; paths look like " + ", ".join(repr(path) for path in examples)
     if near:
-        text += (f" (LayoutMap matches a key against the whole path: {'.*' + key!r} would "
-                 f"match {near[0]!r})")
+        text += (
+            f" (LayoutMap matches a key against the whole path: {'.*' + key!r} would "
+            f"match {near[0]!r})"
+        )
     return text + "; what no key matches is replicated on every device"
 
 
@@ -77,7 +80,7 @@ def sharded_over(spec: Spec, mesh_shape: Mapping[str, int]) -> int:
     """Over how many devices a variable with this partition spec is split."""
     count = 1
     for entry in spec:
-        for axis in (entry if isinstance(entry, (tuple, list)) else (entry,)):
+        for axis in entry if isinstance(entry, (tuple, list)) else (entry,):
             if axis is not None:
                 count *= mesh_shape.get(axis, 1)
     return count
@@ -99,15 +102,18 @@ class Replicated:
 
     def message(self) -> str:
         axes = " and ".join(repr(axis) for axis in self.axes)
-        return (f"ModelParallel sharded none of the {self.variables} trainable variables of "
-                f"model {self.model!r}: each is whole on every device, though the mesh's "
-                f"{axes} axis could split them (paths look like "
-                f"{', '.join(repr(path) for path in self.paths)}); give LayoutMap keys that "
-                "match them, or use train.layouts.auto_model_parallel(mesh)")
+        return (
+            f"ModelParallel sharded none of the {self.variables} trainable variables of "
+            f"model {self.model!r}: each is whole on every device, though the mesh's "
+            f"{axes} axis could split them (paths look like "
+            f"{', '.join(repr(path) for path in self.paths)}); give LayoutMap keys that "
+            "match them, or use train.layouts.auto_model_parallel(mesh)"
+        )
 
 
-def replicated(model: str, specs: Mapping[str, Spec], mesh_shape: Mapping[str, int],
-               batch_axis: str) -> Replicated | None:
+def replicated(
+    model: str, specs: Mapping[str, Spec], mesh_shape: Mapping[str, int], batch_axis: str
+) -> Replicated | None:
     """A Replicated when a mesh with an axis that could split variables left every one of
     `specs` (path -> partition spec) whole; None when one is split or none could be."""
     axes = splitting_axes(mesh_shape, batch_axis)
@@ -118,8 +124,9 @@ def replicated(model: str, specs: Mapping[str, Spec], mesh_shape: Mapping[str, i
     return Replicated(model, len(specs), tuple(axes), tuple(list(specs)[:EXAMPLES]))
 
 
-def auto_axes(path: str, shape: Sequence[int], axis_size: int,
-              axis_name: str = "model") -> tuple[str | None, ...] | None:
+def auto_axes(
+    path: str, shape: Sequence[int], axis_size: int, axis_name: str = "model"
+) -> tuple[str | None, ...] | None:
     """The layout auto_model_parallel gives a variable: a kernel or embedding is split along
     `axis_name` on its last dimension that `axis_size` divides; None (replicated) for other
     variables, an axis of 1, or a variable that no dimension of which divides. The last
@@ -137,9 +144,14 @@ def auto_axes(path: str, shape: Sequence[int], axis_size: int,
     return None
 
 
-def auto_model_parallel(device_mesh: Any, *, model_dim_name: str = "model",
-                        layout_map: Any = None, batch_dim_name: str | None = None,
-                        auto_shard_dataset: bool = True) -> Any:
+def auto_model_parallel(
+    device_mesh: Any,
+    *,
+    model_dim_name: str = "model",
+    layout_map: Any = None,
+    batch_dim_name: str | None = None,
+    auto_shard_dataset: bool = True,
+) -> Any:
     """A keras.distribution.ModelParallel over `device_mesh` for a model that ships no
     layout: a key of `layout_map` (optional, keys as Keras matches them) decides where it
     matches; every other kernel and embedding gets auto_axes' layout along `model_dim_name`.
@@ -151,11 +163,16 @@ def auto_model_parallel(device_mesh: Any, *, model_dim_name: str = "model",
     from keras.distribution import LayoutMap
 
     if model_dim_name not in device_mesh.axis_names:
-        raise ValueError(f"auto_model_parallel: the mesh has no axis {model_dim_name!r}; its "
-                         f"axes are {list(device_mesh.axis_names)}. Pass model_dim_name=")
-    return _auto_class()(layout_map=layout_map if layout_map is not None else
-                         LayoutMap(device_mesh), batch_dim_name=batch_dim_name,
-                         auto_shard_dataset=auto_shard_dataset, model_dim_name=model_dim_name)
+        raise ValueError(
+            f"auto_model_parallel: the mesh has no axis {model_dim_name!r}; its "
+            f"axes are {list(device_mesh.axis_names)}. Pass model_dim_name="
+        )
+    return _auto_class()(
+        layout_map=layout_map if layout_map is not None else LayoutMap(device_mesh),
+        batch_dim_name=batch_dim_name,
+        auto_shard_dataset=auto_shard_dataset,
+        model_dim_name=model_dim_name,
+    )
 
 
 @functools.cache
@@ -171,8 +188,10 @@ def _auto_class() -> type:
             self.model_dim_name = model_dim_name
 
         def get_variable_layout(self, variable: Any) -> Any:
-            if getattr(variable, "_layout", None) is not None or \
-                    self._layout_map[variable.path] is not None:
+            if (
+                getattr(variable, "_layout", None) is not None
+                or self._layout_map[variable.path] is not None
+            ):
                 return super().get_variable_layout(variable)  # its own, or a key's
             mesh = self.device_mesh
             size = mesh.shape[list(mesh.axis_names).index(self.model_dim_name)]
@@ -193,14 +212,20 @@ def check(model: Any, distribution: Any, said: set[str]) -> list[str]:
         return []
     layout_map = distribution._layout_map
     looked_up = sorted(getattr(layout_map, LOOKED_UP, ()))
-    texts = [unmatched_message(key, looked_up)
-             for key in unmatched_keys(list(layout_map), looked_up) if key not in said]
+    texts = [
+        unmatched_message(key, looked_up)
+        for key in unmatched_keys(list(layout_map), looked_up)
+        if key not in said
+    ]
     said.update(list(layout_map))
-    specs = {variable.path: tuple(getattr(variable.value.sharding, "spec", ()))
-             for variable in model.trainable_variables}
+    specs = {
+        variable.path: tuple(getattr(variable.value.sharding, "spec", ()))
+        for variable in model.trainable_variables
+    }
     mesh = distribution.device_mesh
-    whole = replicated(model.name, specs, dict(zip(mesh.axis_names, mesh.shape)),
-                       distribution.batch_dim_name)
+    whole = replicated(
+        model.name, specs, dict(zip(mesh.axis_names, mesh.shape)), distribution.batch_dim_name
+    )
     return texts + ([whole.message()] if whole else [])
 
 

@@ -31,10 +31,10 @@ import sys
 from pathlib import Path
 
 from job import notices
-from train import apart, keras_script
-from job.sagemaker_config import read_channels, read_resources, resource_document
-from train.rank import RankContext, run_rank
 from job.rank_job import DATA_HOST_ENV, RankJob, read_rank_job
+from job.sagemaker_config import read_channels, read_resources, resource_document
+from train import apart, keras_script
+from train.rank import RankContext, run_rank
 
 
 def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:

@@ -13,11 +13,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from conftest import (add_code, code_folder, compose_cluster, failure, http,
-                      leader_checkpoints, local_cluster, logs, restart, serving, wait_for_log)
-from test_tf_stack import (HOSTS, LAUNCH, run_to_end, signal_in_epoch_3,  # noqa: F401
-                           tf_image)
+from conftest import (
+    add_code,
+    code_folder,
+    compose_cluster,
+    failure,
+    http,
+    leader_checkpoints,
+    local_cluster,
+    logs,
+    restart,
+    serving,
+    wait_for_log,
+)
+from test_tf_stack import HOSTS, LAUNCH, run_to_end, signal_in_epoch_3, tf_image  # noqa: F401
 
 pytestmark = pytest.mark.container
 

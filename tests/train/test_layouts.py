@@ -11,25 +11,34 @@ import pytest
 
 from train import keras_script, layouts
 
-GUIDE_PATHS = ["sequential/flatten/output", "sequential/d1/kernel", "sequential/d1/bias",
-               "sequential/d1/output", "sequential/d2/kernel", "sequential/d2/bias",
-               "sequential/d2/output"]
+GUIDE_PATHS = [
+    "sequential/flatten/output",
+    "sequential/d1/kernel",
+    "sequential/d1/bias",
+    "sequential/d1/output",
+    "sequential/d2/kernel",
+    "sequential/d2/bias",
+    "sequential/d2/output",
+]
 
 
 def test_the_guides_key_matches_no_path_and_the_message_names_the_key_that_would():
-    assert layouts.unmatched_keys(["d1/kernel", ".*d2/kernel", "sequential/d1/bias",
-                                   ".*d2/output", "(bad"], GUIDE_PATHS) == ["d1/kernel", "(bad"]
+    assert layouts.unmatched_keys(
+        ["d1/kernel", ".*d2/kernel", "sequential/d1/bias", ".*d2/output", "(bad"], GUIDE_PATHS
+    ) == ["d1/kernel", "(bad"]
     assert layouts.unmatched_message("d1/kernel", GUIDE_PATHS) == (
         "layout key 'd1/kernel' matched no variable; paths look like 'sequential/d1/kernel' "
         "(LayoutMap matches a key against the whole path: '.*d1/kernel' would match "
-        "'sequential/d1/kernel'); what no key matches is replicated on every device")
+        "'sequential/d1/kernel'); what no key matches is replicated on every device"
+    )
 
 
 def test_a_key_found_in_no_path_is_shown_the_variables_not_the_outputs():
     assert layouts.unmatched_message("encoder/.*", GUIDE_PATHS) == (
         "layout key 'encoder/.*' matched no variable; paths look like 'sequential/d1/kernel', "
         "'sequential/d1/bias', 'sequential/d2/kernel'; what no key matches is replicated on "
-        "every device")
+        "every device"
+    )
 
 
 MESH = {"data": 1, "model": 4}
@@ -39,29 +48,37 @@ def test_a_model_parallel_run_that_split_nothing_is_named():
     specs = {"sequential/d1/kernel": (None, None), "sequential/d1/bias": (None,)}
     found = layouts.replicated("sequential", specs, MESH, "data")
     assert found == layouts.Replicated("sequential", 2, ("model",), tuple(specs))
-    assert found.message().startswith("ModelParallel sharded none of the 2 trainable variables "
-                                      "of model 'sequential': each is whole on every device, "
-                                      "though the mesh's 'model' axis could split them")
+    assert found.message().startswith(
+        "ModelParallel sharded none of the 2 trainable variables "
+        "of model 'sequential': each is whole on every device, "
+        "though the mesh's 'model' axis could split them"
+    )
 
 
-@pytest.mark.parametrize("specs, mesh", [
-    ({"k": (None, "model"), "b": (None,)}, MESH),        # one split: fine
-    ({"k": (("data", "model"), None)}, MESH),             # split over a tuple of axes
-    ({"k": (None, None)}, {"data": 4, "model": 1}),       # nothing could split it
-    ({"k": ("data", None)}, {"data": 2, "model": 2}),     # split on the batch axis (FSDP)
-])
+@pytest.mark.parametrize(
+    "specs, mesh",
+    [
+        ({"k": (None, "model"), "b": (None,)}, MESH),  # one split: fine
+        ({"k": (("data", "model"), None)}, MESH),  # split over a tuple of axes
+        ({"k": (None, None)}, {"data": 4, "model": 1}),  # nothing could split it
+        ({"k": ("data", None)}, {"data": 2, "model": 2}),  # split on the batch axis (FSDP)
+    ],
+)
 def test_no_warning_where_a_variable_is_split_or_nothing_could_split_it(specs, mesh):
     assert layouts.replicated("m", specs, mesh, "data") is None
 
 
-@pytest.mark.parametrize("path, shape, expected", [
-    ("sequential/d1/kernel", (784, 200), (None, "model")),
-    ("sequential/d2/kernel", (200, 10), ("model", None)),   # 10 classes do not divide by 4
-    ("encoder/token_embedding/embeddings", (30522, 768), (None, "model")),
-    ("conv/kernel", (3, 3, 16, 32), (None, None, None, "model")),
-    ("sequential/d1/bias", (200,), None),                   # not a kernel: replicated
-    ("odd/kernel", (3, 5), None),                           # no dimension divides
-])
+@pytest.mark.parametrize(
+    "path, shape, expected",
+    [
+        ("sequential/d1/kernel", (784, 200), (None, "model")),
+        ("sequential/d2/kernel", (200, 10), ("model", None)),  # 10 classes do not divide by 4
+        ("encoder/token_embedding/embeddings", (30522, 768), (None, "model")),
+        ("conv/kernel", (3, 3, 16, 32), (None, None, None, "model")),
+        ("sequential/d1/bias", (200,), None),  # not a kernel: replicated
+        ("odd/kernel", (3, 5), None),  # no dimension divides
+    ],
+)
 def test_auto_axes_split_the_last_dimension_the_model_axis_divides(path, shape, expected):
     assert layouts.auto_axes(path, shape, 4) == expected
 
@@ -71,7 +88,7 @@ def test_auto_axes_split_nothing_over_a_model_axis_of_one():
 
 
 def test_only_an_array_some_process_cannot_read_whole_is_gathered():
-    halves = {0: {"left"}, 1: {"right"}}                # mesh 1x4 over 2 processes
+    halves = {0: {"left"}, 1: {"right"}}  # mesh 1x4 over 2 processes
     rows = {0: {"left", "right"}, 1: {"left", "right"}}  # mesh 2x2: each process a row
     assert not keras_script.whole_in_every_process(halves, 2)
     assert keras_script.whole_in_every_process(rows, 2)
@@ -80,7 +97,7 @@ def test_only_an_array_some_process_cannot_read_whole_is_gathered():
 
 def test_available_memory_is_the_smaller_of_the_host_and_the_container_limit():
     """The container's page cache is given back on demand: only its anonymous memory counts
-    against its limit (measured: memory.current above memory.max in a test container)."""
+    against its limit."""
     meminfo = "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n"
     stat = "anon 1000000000\nfile 5000000000\n"
     assert keras_script.available_memory(meminfo, None, None) == 4_096_000_000
@@ -92,9 +109,11 @@ def test_available_memory_is_the_smaller_of_the_host_and_the_container_limit():
 def test_a_call_that_cannot_fit_a_host_says_what_to_call_instead():
     assert keras_script.too_large("model.save", 2**30, [(0, 2**32), (1, 2**31)]) is None
     said = keras_script.too_large("get_weights", 3 * 2**30, [(0, 2**32), (1, 2**31)])
-    assert said.startswith("get_weights gathers the model's weights (3.0 GiB) onto every "
-                           "process, but process 1's host has 2.0 GiB of memory free. Save the "
-                           "model sharded instead"), said
+    assert said.startswith(
+        "get_weights gathers the model's weights (3.0 GiB) onto every "
+        "process, but process 1's host has 2.0 GiB of memory free. Save the "
+        "model sharded instead"
+    ), said
     assert "addressable_shards" in said
 
 
@@ -102,9 +121,12 @@ def test_a_save_writes_a_hidden_file_with_the_same_ending_beside_its_target(tmp_
     target = tmp_path / "model.keras"
     assert keras_script.partial_path(target, 42) == tmp_path / ".42.partial.model.keras"
     assert keras_script.local_file(str(target), {}) == target
-    for filepath, kwargs in ((str(target), {"zipped": False}), ("gs://bucket/m.keras", {}),
-                             (str(tmp_path / "w.weights.json"), {"max_shard_size": 1}),
-                             (None, {})):
+    for filepath, kwargs in (
+        (str(target), {"zipped": False}),
+        ("gs://bucket/m.keras", {}),
+        (str(tmp_path / "w.weights.json"), {"max_shard_size": 1}),
+        (None, {}),
+    ):
         assert keras_script.local_file(filepath, kwargs) is None
 
 

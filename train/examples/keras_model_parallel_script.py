@@ -28,8 +28,9 @@ args, _ = parser.parse_known_args()
 keras.distribution.initialize()
 devices = keras.distribution.list_devices()
 data_size, model_size = (int(n) for n in args.mesh.split("x"))
-mesh = keras.distribution.DeviceMesh(shape=(data_size, model_size),
-                                     axis_names=["data", "model"], devices=devices)
+mesh = keras.distribution.DeviceMesh(
+    shape=(data_size, model_size), axis_names=["data", "model"], devices=devices
+)
 if args.auto == "true":
     from train.layouts import auto_model_parallel
 
@@ -38,17 +39,22 @@ else:
     layout_map = keras.distribution.LayoutMap(mesh)
     for key in args.layout_keys.split(","):
         layout_map[key] = (None, "model")
-    distribution = keras.distribution.ModelParallel(layout_map=layout_map,
-                                                    batch_dim_name="data",
-                                                    auto_shard_dataset=False)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=layout_map, batch_dim_name="data", auto_shard_dataset=False
+    )
 keras.distribution.set_distribution(distribution)
 process, processes = jax.process_index(), jax.process_count()
 
 keras.utils.set_random_seed(1)
-model = keras.Sequential([keras.layers.Input((28, 28, 1)), keras.layers.Flatten(),
-                          keras.layers.Dense(200, activation="relu", name="d1"),
-                          keras.layers.Dropout(0.4),
-                          keras.layers.Dense(10, activation="softmax", name="d2")])
+model = keras.Sequential(
+    [
+        keras.layers.Input((28, 28, 1)),
+        keras.layers.Flatten(),
+        keras.layers.Dense(200, activation="relu", name="d1"),
+        keras.layers.Dropout(0.4),
+        keras.layers.Dense(10, activation="softmax", name="d2"),
+    ]
+)
 model.compile(loss="mse", optimizer="adam")
 rng = np.random.default_rng(0)
 x = rng.normal(size=(128, 28, 28, 1)).astype("float32")
@@ -56,8 +62,13 @@ y = rng.normal(size=(128, 10)).astype("float32")
 # Each process feeds its slice of every global batch where the data axis spans the processes;
 # with one data replica (mesh 1xN) every process feeds the whole batch, the same one.
 share = slice(process, None, processes) if data_size >= processes else slice(None)
-model.fit(x[share], y[share], batch_size=16 * len(x[share]) // len(x), epochs=2,
-          verbose=2 if process == 0 else 0)
+model.fit(
+    x[share],
+    y[share],
+    batch_size=16 * len(x[share]) // len(x),
+    epochs=2,
+    verbose=2 if process == 0 else 0,
+)
 kernel = model.get_layer("d1").kernel
 print(f"process {process}: d1 kernel {kernel.value.sharding.spec}", flush=True)
 
