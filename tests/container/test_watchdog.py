@@ -4,8 +4,8 @@ mpirun: a rank frozen with SIGSTOP, a rank that sleeps before its first allreduc
 settings), every rank blocked on a FIFO with no writer (a dead mount), a script that deadlocks
 after printing; and an unmodified Horovod script, a leader working alone without a line for
 longer than `progress_timeout` while the other rank waits. The allowances are the shortest the
-launcher accepts (120 s: job.launch_config.MIN_PROGRESS_TIMEOUT), so those five jobs, mostly
-waiting, run at once (all_at_once), each asserted on its own. Each prints the seconds from the
+launcher accepts (120 s: job.launch_config.MIN_PROGRESS_TIMEOUT), so those jobs (and a slow
+HTTP call's, and a hang across two hosts), mostly waiting, run at once (all_at_once), each asserted on its own. Each prints the seconds from the
 fault to the launcher's exit (the numbers of docs/training.md's fault table); none asserts a
 time."""
 
@@ -320,8 +320,8 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 def all_at_once(cases) -> None:
     """Run every case (name -> function) in a thread of its own and wait for all of them.
-    Each fault case mostly waits (the 120 s allowance, then the launcher's teardown): one
-    after another the five took 794 s, at once 227 s (on a busy 2-core machine). A case
+    Each case mostly waits (the 120 s allowance, then the launcher's teardown): one after
+    another the seven took 1006 s, at once 233 s (on a busy 2-core machine). A case
     that fails does not stop the others; the test then fails naming each failed case with its
     own message."""
     failures = {}
@@ -342,8 +342,8 @@ def all_at_once(cases) -> None:
                                       for name, message in sorted(failures.items()))
 
 
-def test_hung_jobs_end_named_and_a_working_leader_survives(job):
-    """Five jobs at once, each asserted on its own (a failure names its case): see each
+def test_hung_jobs_end_named_and_working_ones_survive(job, cluster):
+    """Seven jobs at once, each asserted on its own (a failure names its case): see each
     case's docstring."""
 
     def a_rank_of_the_builtin_trainer_frozen_with_sigstop(name):
@@ -414,12 +414,55 @@ def test_hung_jobs_end_named_and_a_working_leader_survives(job):
         assert "(progress_timeout 120 s)" in reason, reason  # the print counted as progress
         assert "ranks 0, 1 on algo-1 finished no step, in <module> (probe.py:" in reason, reason
 
+    def a_rank_in_a_slow_http_call_while_the_other_waits_survives(name):
+        """Rank 0 waits 25 s for a loopback HTTP server (a slow tracking server) while rank 1
+        waits for it in an allreduce; Horovod's stall check (every 2 s here) names rank 0 the
+        whole time, and no rank uses the CPU. Rank 0's pulse says it waits on the network:
+        not a hang (before, the watchdog ended the job within seconds, as a rank that did
+        nothing)."""
+
+        class Slow(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                time.sleep(25)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            root, process = job({"mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"},
+                                "slow_http", name=name,
+                                env={"SLOW_URL": f"http://127.0.0.1:{server.server_port}/"})
+            output = process.communicate(timeout=300)[0]
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert process.returncode == 0, output[-3000:]
+        assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
+
+    def a_hang_on_the_worker_host_ends_every_host_with_the_same_code(name):
+        """Two hosts, the default allowances: Horovod's stall check names the worker's rank
+        first."""
+        roots = cluster({}, "probe.py", PROBE)
+        env = {"FAULT": "sleep_before_allreduce"}
+        worker, leader = start(roots["127.0.0.2"], env), start(roots["127.0.0.1"], env)
+        leader_output = leader.communicate(timeout=240)[0]
+        worker_output = worker.communicate(timeout=60)[0]
+        assert leader.returncode == worker.returncode == 4, leader_output[-3000:]
+        assert "rank 1 on 127.0.0.2 finished no step, in <module> (probe.py:" in \
+            failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
+        assert failure_of(roots["127.0.0.2"]).startswith("rank 1 on 127.0.0.2 did nothing "
+                                                         "for "), worker_output[-3000:]
+
     all_at_once({case.__name__: case for case in (
         a_rank_of_the_builtin_trainer_frozen_with_sigstop,
         a_rank_that_sleeps_before_its_first_allreduce_with_default_settings,
         a_leader_working_alone_while_the_other_rank_waits_survives,
         every_rank_blocked_on_a_dead_mount,
-        a_script_that_deadlocks_after_printing)})
+        a_script_that_deadlocks_after_printing,
+        a_rank_in_a_slow_http_call_while_the_other_waits_survives,
+        a_hang_on_the_worker_host_ends_every_host_with_the_same_code)})
 
 
 def test_an_unmodified_script_completes_under_the_shortest_allowances(make_script_job):
@@ -437,43 +480,3 @@ def test_an_unmodified_script_completes_under_the_shortest_allowances(make_scrip
     assert len(epochs) == 2, result.stdout[-3000:]
     print(f"seconds per epoch, as Keras printed them: {epochs}")
     assert "TRAIN-ACTIVE" not in result.stdout + result.stderr  # swallowed
-
-
-def test_a_rank_in_a_slow_http_call_while_the_other_waits_survives(job, monkeypatch):
-    """Rank 0 waits 25 s for a loopback HTTP server (a slow tracking server) while rank 1 waits
-    for it in an allreduce; Horovod's stall check (every 2 s here) names rank 0 the whole time,
-    and no rank uses the CPU. Rank 0's pulse says it waits on the network: not a hang (before,
-    the watchdog ended the job within seconds, as a rank that did nothing)."""
-    class Slow(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            time.sleep(25)
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("SLOW_URL", f"http://127.0.0.1:{server.server_port}/")
-    try:
-        root, process = job({"mpi_options": "-x HOROVOD_STALL_CHECK_TIME_SECONDS=2"},
-                            "slow_http")
-        output = process.communicate(timeout=300)[0]
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert process.returncode == 0, output[-3000:]
-    assert "Missing ranks:" in output and "0: [" in output, output[-3000:]
-
-
-def test_a_hang_on_the_worker_host_ends_every_host_with_the_same_code(cluster):
-    """The default allowances: Horovod's stall check names the worker's rank first."""
-    roots = cluster({}, "probe.py", PROBE)
-    env = {"FAULT": "sleep_before_allreduce"}
-    worker, leader = start(roots["127.0.0.2"], env), start(roots["127.0.0.1"], env)
-    leader_output = leader.communicate(timeout=240)[0]
-    worker_output = worker.communicate(timeout=60)[0]
-    assert leader.returncode == worker.returncode == 4, leader_output[-3000:]
-    assert "rank 1 on 127.0.0.2 finished no step, in <module> (probe.py:" in \
-        failure_of(roots["127.0.0.1"]), failure_of(roots["127.0.0.1"])
-    assert failure_of(roots["127.0.0.2"]).startswith("rank 1 on 127.0.0.2 did nothing for "), \
-        worker_output[-3000:]
