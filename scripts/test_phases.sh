@@ -55,7 +55,7 @@ STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &
 tf_build=$!
 # Two pytest workers (pytest-xdist), each taking whole files: most tests wait on processes,
 # containers or deadlines as much as they compute, so two at a time fill the 2 cores better.
-# The files with long jobs go first (tests/conftest.py LONG_FILES), in that order.
+# The files with long jobs go first, by their last run's seconds (tests/file_order.py).
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
   -m "not container" ${PYTEST_ARGS:-}

@@ -39,8 +39,11 @@ def pytest_deselected(items):
 def pytest_sessionfinish(session):
     """Record each file's seconds for the next run's order: once, on the controller (an xdist
     worker has `workerinput`), and only for a run that was not cut short by an error."""
-    if not hasattr(session.config, "workerinput") and not session.shouldfail \
-            and not session.shouldstop:
+    if (
+        not hasattr(session.config, "workerinput")
+        and not session.shouldfail
+        and not session.shouldstop
+    ):
         FILE_TIMER.save()
 
 
@@ -72,11 +75,18 @@ def make_job(tmp_path):
     -> ml root of the digits job on loopback (the digits as `data` files: csv, tfrecord or
     images), as SageMaker would lay it out on host `current`."""
 
-    def make(hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None,
-             data="csv") -> Path:
+    def make(
+        hyperparameters: dict, hosts=("algo-1",), current="algo-1", name=None, data="csv"
+    ) -> Path:
         paths = MlPaths(tmp_path / (name or current))
-        write_job_config(JobConfig(paths, ResourceConfig(current, tuple(hosts), "lo"),
-                                   hyperparameters, digits_channels(data)))
+        write_job_config(
+            JobConfig(
+                paths,
+                ResourceConfig(current, tuple(hosts), "lo"),
+                hyperparameters,
+                digits_channels(data),
+            )
+        )
         write_digits(paths.data_dir, data)
         return paths.root
 
@@ -97,15 +107,23 @@ def make_script_job(make_job):
 
 
 def run_train(root: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(TRAIN), "--ml-root", str(root), *extra], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(TRAIN), "--ml-root", str(root), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_until(root: Path, after: str) -> tuple[subprocess.Popen, list[str]]:
     """Start the launcher on the job under `root` and read its output up to the first line
     holding `after`; the running job and the lines read."""
-    job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    job = subprocess.Popen(
+        [str(TRAIN), "--ml-root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = []
     for line in job.stdout:
         seen.append(line)

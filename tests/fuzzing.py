@@ -29,15 +29,24 @@ from __future__ import annotations
 import functools
 import os
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
 PROFILE = "fuzz"
 settings.register_profile(
-    PROFILE, derandomize=True, database=None, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                           HealthCheck.data_too_large])
+    PROFILE,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 if SCALE != 1:
@@ -58,7 +67,8 @@ def fuzz(parser: str, max_examples: int, **strategies: Any) -> Callable:
             return test(*args, **kwargs)
 
         return settings(settings.get_profile(PROFILE), max_examples=round(max_examples * SCALE))(
-            given(**strategies)(counted))
+            given(**strategies)(counted)
+        )
 
     return decorate
 
@@ -86,5 +96,7 @@ class Tally:
                     self.failed[parser] += 1
 
     def lines(self) -> list[str]:
-        return [f"fuzz: {parser}: {self.tried[parser]} inputs tried, "
-                f"{self.failed[parser]} failures" for parser in sorted(self.tried)]
+        return [
+            f"fuzz: {parser}: {self.tried[parser]} inputs tried, {self.failed[parser]} failures"
+            for parser in sorted(self.tried)
+        ]

@@ -31,9 +31,12 @@ def call_savedmodel(path: Path, rows: np.ndarray, scratch: Path, *op_libraries: 
     """{"input": [name, shape, dtype], "outputs": {name: values}} from a Keras-free process
     that imports only TensorFlow, after loading `op_libraries` (custom ops' .so files)."""
     np.save(scratch / "rows.npy", rows)
-    result = subprocess.run([sys.executable, "-c", PROGRAM, str(path), str(scratch / "rows.npy"),
-                             *op_libraries],
-                            capture_output=True, text=True, timeout=300,
-                            env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(path), str(scratch / "rows.npy"), *op_libraries],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

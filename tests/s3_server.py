@@ -18,8 +18,11 @@ import requests
 from container.network import free_port
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 class S3Server:
@@ -29,8 +32,11 @@ class S3Server:
     def client(self, **credentials):
         import boto3
 
-        keys = {"aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"], **credentials}
+        keys = {
+            "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            **credentials,
+        }
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **keys)
 
     def environment(self) -> dict[str, str]:
@@ -46,18 +52,21 @@ class S3Server:
 
 
 def start_moto(port: int, **environment: str) -> subprocess.Popen:
-    process = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={"PATH": "/usr/bin:/bin", **environment})
+    process = subprocess.Popen(
+        [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin", **environment},
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
             requests.get(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
             return process
-        except requests.ConnectionError:
+        except requests.ConnectionError as refused:
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
-                raise RuntimeError(f"moto_server did not start on port {port}")
+                raise RuntimeError(f"moto_server did not start on port {port}") from refused
             time.sleep(0.2)
 
 
@@ -74,10 +83,12 @@ def write_wheel(folder: Path, name: str, version: str, source: str) -> Path:
     """A pure-Python wheel of one module `name` holding `source`, written by hand (a wheel is
     a zip with a dist-info folder), so no build tool or index is needed."""
     dist_info = f"{name}-{version}.dist-info"
-    files = {f"{name}.py": source,
-             f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
-                                   "Tag: py3-none-any\n"}
+    files = {
+        f"{name}.py": source,
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -92,5 +103,6 @@ def write_wheel(folder: Path, name: str, version: str, source: str) -> Path:
 
 
 def uninstall(name: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", name],
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "uninstall", "-y", "-q", name], capture_output=True
+    )

@@ -15,7 +15,7 @@ products alone (`make bench`, item 3).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -25,8 +25,7 @@ class AccumulatingModel(tf.keras.Model):
     per optimizer step; evaluation and prediction are `inner`'s own. `mean_over_ranks` turns
     this rank's mean gradients into the mean over every rank (train.sync)."""
 
-    def __init__(self, inner: tf.keras.Model, steps: int,
-                 mean_over_ranks: Callable[[list], list]):
+    def __init__(self, inner: tf.keras.Model, steps: int, mean_over_ranks: Callable[[list], list]):
         super().__init__(name=f"{inner.name}_accumulating")
         self.inner, self.steps, self.mean_over_ranks = inner, steps, mean_over_ranks
 
@@ -42,15 +41,20 @@ class AccumulatingModel(tf.keras.Model):
             rows = slice(index * micro, (index + 1) * micro)
             with tf.GradientTape() as tape:
                 predicted = self.inner(features[rows], training=True)
-                loss = self.compiled_loss(labels[rows], predicted,
-                                          regularization_losses=self.inner.losses)
+                loss = self.compiled_loss(
+                    labels[rows], predicted, regularization_losses=self.inner.losses
+                )
             self.compiled_metrics.update_state(labels[rows], predicted)
             gradients = tape.gradient(loss, variables)
-            return index + 1, [total + tf.convert_to_tensor(gradient)
-                               for total, gradient in zip(sums, gradients)]
+            return index + 1, [
+                total + tf.convert_to_tensor(gradient) for total, gradient in zip(sums, gradients)
+            ]
 
-        _, sums = tf.while_loop(lambda index, _: index < self.steps, micro_step,
-                                (tf.constant(0), [tf.zeros_like(v) for v in variables]))
+        _, sums = tf.while_loop(
+            lambda index, _: index < self.steps,
+            micro_step,
+            (tf.constant(0), [tf.zeros_like(v) for v in variables]),
+        )
         # distributed: the mean over ranks (Horovod: one grouped allreduce)
         gradients = self.mean_over_ranks([total / self.steps for total in sums])
         self.optimizer.apply_gradients(zip(gradients, variables))

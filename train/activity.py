@@ -40,8 +40,8 @@ import platform
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from job.protocol import PULSE_SECONDS, active_line, progress_line
 
@@ -50,9 +50,10 @@ from job.protocol import PULSE_SECONDS, active_line, progress_line
 # first two are an array of `struct pollfd` (int fd; short events; short revents) and its
 # length. By machine, as the kernel numbers them (x86_64: arch/x86/entry/syscalls; aarch64:
 # the generic table).
-_FD_CALLS = {"x86_64": {0, 1, 17, 18, 19, 20, 42, 43, 44, 45, 46, 47, 74, 75, 288, 295, 296},
-             "aarch64": {63, 64, 65, 66, 67, 68, 69, 70, 82, 83, 202, 203, 206, 207, 211, 212,
-                         242}}
+_FD_CALLS = {
+    "x86_64": {0, 1, 17, 18, 19, 20, 42, 43, 44, 45, 46, 47, 74, 75, 288, 295, 296},
+    "aarch64": {63, 64, 65, 66, 67, 68, 69, 70, 82, 83, 202, 203, 206, 207, 211, 212, 242},
+}
 _POLL_CALLS = {"x86_64": {7, 271}, "aarch64": {73}}
 _MACHINE = platform.machine()
 
@@ -82,8 +83,9 @@ class Pulse:
 
     @classmethod
     def start(cls, interval: float = PULSE_SECONDS) -> None:
-        threading.Thread(target=cls._beat, args=(interval,), name="train-pulse",
-                         daemon=True).start()
+        threading.Thread(
+            target=cls._beat, args=(interval,), name="train-pulse", daemon=True
+        ).start()
 
     @classmethod
     def demand(cls) -> dict[int, float]:
@@ -99,8 +101,9 @@ class Pulse:
             time.sleep(interval)
             now, after = time.monotonic(), cls.demand()
             # a thread started since the last pulse counts from its start; one ended is gone
-            cores = sum(seconds - before.get(thread, 0.0) for thread, seconds in after.items()) \
-                / max(now - clock, 1e-3)
+            cores = sum(
+                seconds - before.get(thread, 0.0) for thread, seconds in after.items()
+            ) / max(now - clock, 1e-3)
             clock, before = now, after
             if cores >= BUSY_CORES:
                 line = active_line(cores)
@@ -120,7 +123,7 @@ class Pulse:
 
 
 def io_wait(thread_id: int) -> str | None:
-    """"network" or "disk" when that thread of this process is blocked in a system call on a
+    """ "network" or "disk" when that thread of this process is blocked in a system call on a
     socket or a regular file, else None (running, or waiting on anything else)."""
     try:
         fields = Path(f"/proc/self/task/{thread_id}/syscall").read_text().split()
@@ -135,14 +138,16 @@ def io_wait(thread_id: int) -> str | None:
                 array = os.pread(memory.fileno(), 8 * min(args[1], 64), args[0])
         except OSError:
             return None
-        kinds = {_waits_on(int.from_bytes(array[at:at + 4], "little", signed=True))
-                 for at in range(0, len(array) - 7, 8)}
+        kinds = {
+            _waits_on(int.from_bytes(array[at : at + 4], "little", signed=True))
+            for at in range(0, len(array) - 7, 8)
+        }
         return "network" if "network" in kinds else "disk" if "disk" in kinds else None
     return None
 
 
 def _waits_on(descriptor: int) -> str | None:
-    """"network" for an IP socket, "disk" for a regular file; None for anything else: a pipe
+    """ "network" for an IP socket, "disk" for a regular file; None for anything else: a pipe
     or a Unix socket is another process of this host, which may never answer."""
     if descriptor < 0:
         return None
@@ -185,6 +190,7 @@ def say(line: str) -> bool:
 
 def excluding_new_threads(function: Callable) -> Callable:
     """`function`, with the threads it starts left out of the pulse."""
+
     @functools.wraps(function)
     def call(*args, **kwargs):
         before = thread_ids()

@@ -49,8 +49,7 @@ class Cadence:
         self.last = time.monotonic()
 
     def due(self) -> bool:
-        return bool(self.seconds) and self.leader and \
-            time.monotonic() - self.last >= self.seconds
+        return bool(self.seconds) and self.leader and time.monotonic() - self.last >= self.seconds
 
     def saved(self) -> None:
         self.last = time.monotonic()
@@ -59,5 +58,7 @@ class Cadence:
 def agree_after_step(cadence: Cadence | None) -> int:
     """What every rank agrees on after an optimizer step: STOP when any rank was asked to stop,
     SAVE when the leader's `cadence` says a checkpoint is due."""
-    return agree((STOP if StopRequest.requested() else 0) |
-                 (SAVE if cadence is not None and cadence.due() else 0))
+    return agree(
+        (STOP if StopRequest.requested() else 0)
+        | (SAVE if cadence is not None and cadence.due() else 0)
+    )

@@ -38,11 +38,11 @@ class Joined:
     """How many processes each stack's synchronisation spanned when the script ended; None
     where the script did not use that stack."""
 
-    jax: int | None = None         # processes of JAX, once it computed
+    jax: int | None = None  # processes of JAX, once it computed
     tf_workers: int | None = None  # workers of the last MultiWorkerMirroredStrategy built
     tf_strategy: str | None = None  # the kind of tf.distribute strategy built last
-    horovod: int | None = None     # ranks of an initialised Horovod
-    tensorflow: bool = False       # the script imported TensorFlow
+    horovod: int | None = None  # ranks of an initialised Horovod
+    tensorflow: bool = False  # the script imported TensorFlow
 
     def spanned(self) -> int:
         """The most processes any stack synchronised."""
@@ -57,17 +57,23 @@ class Verdict:
 
 # What TensorFlow's usage gauge records for the one-host strategy (mirrored_strategy.py).
 ONE_HOST_STRATEGY = "MirroredStrategy"
-INITIALIZE = ("call keras.distribution.initialize() with no arguments before building the "
-              "model (the launcher sets KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and "
-              "_PROCESS_ID for every process), and do not hide its error")
+INITIALIZE = (
+    "call keras.distribution.initialize() with no arguments before building the "
+    "model (the launcher sets KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and "
+    "_PROCESS_ID for every process), and do not hide its error"
+)
 
 
 def synchronise(mwms: bool) -> str:
     """How a TensorFlow script joins the others on this image (`mwms`: TF_CONFIG is set, the
     TensorFlow 2.21 image) or on the Horovod image."""
-    return ("use tf.distribute.MultiWorkerMirroredStrategy(), for which TF_CONFIG is set in "
-            "every process" if mwms else "synchronise with Horovod (horovod.tensorflow.keras, "
-            "or `from train import distributed`)") + ", or train on one instance"
+    return (
+        "use tf.distribute.MultiWorkerMirroredStrategy(), for which TF_CONFIG is set in "
+        "every process"
+        if mwms
+        else "synchronise with Horovod (horovod.tensorflow.keras, "
+        "or `from train import distributed`)"
+    ) + ", or train on one instance"
 
 
 def verdict(world_size: int, joined: Joined, mwms: bool) -> Verdict | None:
@@ -83,30 +89,41 @@ def verdict(world_size: int, joined: Joined, mwms: bool) -> Verdict | None:
                 f"ran on JAX with {joined.jax}: the strategy does not drive JAX, and each "
                 "process trained its own model. Build the model with tf.keras as tf_keras "
                 "(TF_USE_LEGACY_KERAS=1, the default) under the strategy, or drop the "
-                "strategy and " + INITIALIZE, fails=True)
-        return Verdict(f"this job has {world_size} processes, but the script's JAX ran with "
-                       f"{joined.jax}: each process trained its own model. " +
-                       INITIALIZE[0].upper() + INITIALIZE[1:], fails=True)
+                "strategy and " + INITIALIZE,
+                fails=True,
+            )
+        return Verdict(
+            f"this job has {world_size} processes, but the script's JAX ran with "
+            f"{joined.jax}: each process trained its own model. "
+            + INITIALIZE[0].upper()
+            + INITIALIZE[1:],
+            fails=True,
+        )
     if joined.spanned() >= world_size:
         return None
     if joined.tf_strategy == ONE_HOST_STRATEGY:
         return Verdict(
             f"this job has {world_size} processes, but the script's tf.distribute."
             "MirroredStrategy spans the devices of one process only: each process trained its "
-            f"own model. To train one model across them, {synchronise(mwms)}", fails=True)
+            f"own model. To train one model across them, {synchronise(mwms)}",
+            fails=True,
+        )
     if joined.tf_workers:  # a MultiWorkerMirroredStrategy of fewer workers (its own TF_CONFIG)
         return Verdict(
             f"this job has {world_size} processes, but the script's MultiWorkerMirrored"
             f"Strategy spans {joined.tf_workers} of them: each group trained its own model. "
-            "Leave TF_CONFIG as the launcher sets it" + ("" if mwms else ", on the TensorFlow "
-                                                         "2.21 image"), fails=True)
+            "Leave TF_CONFIG as the launcher sets it"
+            + ("" if mwms else ", on the TensorFlow 2.21 image"),
+            fails=True,
+        )
     if joined.tensorflow or joined.jax is not None:
         return Verdict(
             f"this job has {world_size} processes, but the script synchronised them with "
             "none of MultiWorkerMirroredStrategy, Horovod or keras.distribution: unless it "
             "exchanged its results some other way, each process trained its own model and the "
             f"model is one process's. To train one model across them, {synchronise(mwms)}",
-            fails=False)
+            fails=False,
+        )
     return None
 
 
@@ -114,8 +131,13 @@ def observe() -> Joined:
     """How far each stack the script used reached, read from the stacks themselves."""
     tensorflow = "tensorflow" in sys.modules
     strategy, workers = _tensorflow_gauges() if tensorflow else (None, None)
-    return Joined(jax=_jax_processes(), tf_workers=workers, tf_strategy=strategy,
-                  horovod=_horovod_size(), tensorflow=tensorflow)
+    return Joined(
+        jax=_jax_processes(),
+        tf_workers=workers,
+        tf_strategy=strategy,
+        horovod=_horovod_size(),
+        tensorflow=tensorflow,
+    )
 
 
 def _jax_processes() -> int | None:
@@ -142,8 +164,7 @@ def _tensorflow_gauges() -> tuple[str | None, int | None]:
         from tensorflow.python.distribute import distribute_lib
 
         strategy = distribute_lib.distribution_strategy_gauge.get_cell("V2").value()
-        workers = distribute_lib.distribution_strategy_replica_gauge.get_cell(
-            "num_workers").value()
+        workers = distribute_lib.distribution_strategy_replica_gauge.get_cell("num_workers").value()
     except (ImportError, AttributeError):
         return None, None
     return strategy or None, workers or None

@@ -25,8 +25,12 @@ class StopOnRequest(keras.callbacks.Callback):
     in a collective.
     """
 
-    def __init__(self, accumulation_steps: int, cadence: Cadence | None = None,
-                 save: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        accumulation_steps: int,
+        cadence: Cadence | None = None,
+        save: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__()
         self.accumulation_steps, self.cadence, self.save = accumulation_steps, cadence, save
         self.stopped = False
@@ -63,9 +67,14 @@ class EpochReport(keras.callbacks.Callback):
     only: queued for its own thread, so the other ranks never wait in the next allreduce for
     the server); the epoch a resumed job continues reports the steps it ran after the resume."""
 
-    def __init__(self, samples_per_step: int, learning_rate: Callable[[], float],
-                 history: dict[str, list[float]], leader: bool, run: RunLogger | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        samples_per_step: int,
+        learning_rate: Callable[[], float],
+        history: dict[str, list[float]],
+        leader: bool,
+        run: RunLogger | None = None,
+    ) -> None:
         super().__init__()
         self.samples_per_step = samples_per_step
         self.learning_rate = learning_rate
@@ -87,8 +96,11 @@ class EpochReport(keras.callbacks.Callback):
         if self.model.stop_training:  # an interrupted epoch has no comparable numbers
             return
         elapsed = self.trained - self.started  # training only, not validation
-        values = {**(logs or {}), "lr": self.learning_rate(),
-                  "samples_per_sec": self.steps * self.samples_per_step / max(elapsed, 1e-9)}
+        values = {
+            **(logs or {}),
+            "lr": self.learning_rate(),
+            "samples_per_sec": self.steps * self.samples_per_step / max(elapsed, 1e-9),
+        }
         for key, value in values.items():
             self.history.setdefault(key, []).append(float(value))
         if self.leader:

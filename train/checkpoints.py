@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from job.checkpoint_folders import PREFIX, STATE, complete, is_checkpoint_name, newest_usable, \
-    order
+from job.checkpoint_folders import PREFIX, STATE, complete, is_checkpoint_name, newest_usable, order
 
 
 class CheckpointStore:
@@ -42,8 +41,11 @@ class CheckpointStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         # After the copies of this epoch already there, even once older ones were pruned:
         # a reused lower number would sort as the oldest and be pruned at once.
-        copies = [order(p)[1] for p in self.directory.iterdir()
-                  if is_checkpoint_name(p.name) and order(p)[0] == epochs_done]
+        copies = [
+            order(p)[1]
+            for p in self.directory.iterdir()
+            if is_checkpoint_name(p.name) and order(p)[0] == epochs_done
+        ]
         again = max(copies) + 1 if copies else 0
         final = self.directory / (f"{PREFIX}{epochs_done:06d}" + (f".{again}" if again else ""))
         temporary = self.directory / f".tmp-{final.name}-{os.getpid()}"
@@ -51,16 +53,16 @@ class CheckpointStore:
         checkpoint.write(str(temporary / "ckpt"))
         (temporary / STATE).write_text(json.dumps({"epochs_done": epochs_done, **state}))
         os.replace(temporary, final)
-        for old in complete(self.directory)[:-self.keep]:
+        for old in complete(self.directory)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def resume(self, checkpoint: tf.train.Checkpoint,
-               log: Callable[[str], None]) -> tuple[Path, dict] | None:
+    def resume(
+        self, checkpoint: tf.train.Checkpoint, log: Callable[[str], None]
+    ) -> tuple[Path, dict] | None:
         """Restore the newest checkpoint that reads back; (folder, state), or None if none.
         The pick is job.checkpoint_folders', the one the launcher names after a stop."""
-        return newest_usable(self.directory, lambda folder: self.restore(checkpoint, folder),
-                             log)
+        return newest_usable(self.directory, lambda folder: self.restore(checkpoint, folder), log)
 
     @staticmethod
     def restore(checkpoint: tf.train.Checkpoint, folder: Path) -> None:
@@ -90,8 +92,10 @@ class ArrayCheckpoint:
             values = [arrays[f"arr_{index}"] for index in range(len(arrays.files))]
         shapes = [tuple(v.shape) for v in self.variables]
         if [value.shape for value in values] != shapes:
-            raise ValueError(f"it holds {len(values)} arrays that do not match the model's and "
-                             f"optimizer's {len(shapes)} variables")
+            raise ValueError(
+                f"it holds {len(values)} arrays that do not match the model's and "
+                f"optimizer's {len(shapes)} variables"
+            )
         self.loaded = values
         return self
 
@@ -110,4 +114,3 @@ def variables_checkpoint(model, optimizer, arrays: bool) -> tf.train.Checkpoint 
     if arrays:
         return ArrayCheckpoint(model.variables + optimizer.variables)
     return tf.train.Checkpoint(model=model, optimizer=optimizer)
-

@@ -19,19 +19,33 @@ does not grow with the file. NPZ files are read one whole file at a time.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from job.errors import ConfigError
 
 CSV, NPZ, TFRECORD, IMAGE = "CSV", "NPZ", "TFRecord", "image"
-EXTENSIONS = {".csv": CSV, ".npz": NPZ, ".tfrecord": TFRECORD, ".tfrecords": TFRECORD,
-              ".tfrec": TFRECORD, ".jpg": IMAGE, ".jpeg": IMAGE, ".png": IMAGE}
-CONTENT_TYPES = {"text/csv": CSV, "application/x-npz": NPZ, "application/x-tfrecord": TFRECORD,
-                 "application/x-image": IMAGE, "image/jpeg": IMAGE, "image/png": IMAGE}
+EXTENSIONS = {
+    ".csv": CSV,
+    ".npz": NPZ,
+    ".tfrecord": TFRECORD,
+    ".tfrecords": TFRECORD,
+    ".tfrec": TFRECORD,
+    ".jpg": IMAGE,
+    ".jpeg": IMAGE,
+    ".png": IMAGE,
+}
+CONTENT_TYPES = {
+    "text/csv": CSV,
+    "application/x-npz": NPZ,
+    "application/x-tfrecord": TFRECORD,
+    "application/x-image": IMAGE,
+    "image/jpeg": IMAGE,
+    "image/png": IMAGE,
+}
 CSV_CHUNK_LINES = 65_536  # bounds the memory of one parsed piece of a large file
 
 
@@ -55,37 +69,47 @@ class ChannelFiles:
 
 def _kind(path: Path, content_type: str) -> str | None:
     return EXTENSIONS.get(path.suffix.lower()) or CONTENT_TYPES.get(
-        content_type.split(";")[0].strip().lower())
+        content_type.split(";")[0].strip().lower()
+    )
 
 
 def list_channel(name: str, directory: Path, content_type: str = "") -> ChannelFiles:
     """The files of a channel folder and their one kind; DataError on anything unusable."""
     if not directory.is_dir():
         raise DataError(f"channel folder {directory} does not exist")
-    files = sorted(p for p in directory.rglob("*") if p.is_file()
-                   and not any(part.startswith((".", "_"))
-                               for part in p.relative_to(directory).parts))
+    files = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and not any(part.startswith((".", "_")) for part in p.relative_to(directory).parts)
+    )
     if not files:
         raise DataError(f"channel {name}: {directory} has no data files")
     kinds = {path: _kind(path, content_type) for path in files}
     unknown = [p for p, kind in kinds.items() if kind is None]
     if unknown:
-        raise DataError(f"{unknown[0]}: unsupported file type; channel files must be CSV, NPZ, "
-                        f"TFRecord or JPEG/PNG images (by extension: "
-                        f"{', '.join(EXTENSIONS)}), or set the channel's ContentType to one of "
-                        f"{', '.join(CONTENT_TYPES)}")
+        raise DataError(
+            f"{unknown[0]}: unsupported file type; channel files must be CSV, NPZ, "
+            f"TFRecord or JPEG/PNG images (by extension: "
+            f"{', '.join(EXTENSIONS)}), or set the channel's ContentType to one of "
+            f"{', '.join(CONTENT_TYPES)}"
+        )
     found = sorted(set(kinds.values()))
     if len(found) > 1:
-        examples = ", ".join(f"{next(p for p, k in kinds.items() if k == kind).name} ({kind})"
-                             for kind in found)
-        raise DataError(f"channel {name} mixes kinds of files: {examples}; put one kind of "
-                        f"file in a channel")
+        examples = ", ".join(
+            f"{next(p for p, k in kinds.items() if k == kind).name} ({kind})" for kind in found
+        )
+        raise DataError(
+            f"channel {name} mixes kinds of files: {examples}; put one kind of file in a channel"
+        )
     channel = ChannelFiles(name, directory, found[0], tuple(files))
     if channel.kind == IMAGE:
         loose = [p for p in files if p.parent == directory]
         if loose:
-            raise DataError(f"{loose[0]}: images must sit in one subfolder per class "
-                            f"({directory}/<class name>/<image>), not in the channel folder")
+            raise DataError(
+                f"{loose[0]}: images must sit in one subfolder per class "
+                f"({directory}/<class name>/<image>), not in the channel folder"
+            )
     return channel
 
 
@@ -96,9 +120,16 @@ def _fast_table(lines: list[bytes], columns: int) -> np.ndarray | None:
     import tensorflow as tf
 
     try:
-        table = np.stack([column.numpy() for column in tf.io.decode_csv(
-            [line.rstrip(b"\r\n") for line in lines], [tf.constant([], tf.float64)] * columns)],
-            axis=1)
+        table = np.stack(
+            [
+                column.numpy()
+                for column in tf.io.decode_csv(
+                    [line.rstrip(b"\r\n") for line in lines],
+                    [tf.constant([], tf.float64)] * columns,
+                )
+            ],
+            axis=1,
+        )
     except tf.errors.InvalidArgumentError:
         return None
     labels = table[:, 0]
@@ -117,24 +148,32 @@ def _exact_table(path: Path, lines: list[bytes], first_line: int, columns: int) 
         try:
             cells = text.decode("utf-8").split(",")
         except UnicodeDecodeError:
-            raise DataError(f"{path}: line {number} is not UTF-8 text; CSV channel files hold "
-                            f"numbers separated by commas") from None
+            raise DataError(
+                f"{path}: line {number} is not UTF-8 text; CSV channel files hold "
+                f"numbers separated by commas"
+            ) from None
         if len(cells) != columns:
-            raise DataError(f"{path}: line {number} has {len(cells)} columns but the file "
-                            f"starts with {columns}; every row needs the label and the same "
-                            f"number of features")
+            raise DataError(
+                f"{path}: line {number} has {len(cells)} columns but the file "
+                f"starts with {columns}; every row needs the label and the same "
+                f"number of features"
+            )
         try:
             row = [float(cell) for cell in cells]
         except ValueError:
             column, cell = next((i + 1, c) for i, c in enumerate(cells) if not _is_number(c))
-            raise DataError(f"{path}: line {number}, column {column}: {cell.strip()!r} is not "
-                            f"a number (CSV files have no header: the label, then numeric "
-                            f"features)") from None
+            raise DataError(
+                f"{path}: line {number}, column {column}: {cell.strip()!r} is not "
+                f"a number (CSV files have no header: the label, then numeric "
+                f"features)"
+            ) from None
         if not np.isfinite(row).all():
             raise DataError(f"{path}: line {number} has a NaN or infinite value")
         if row[0] != int(row[0]):
-            raise DataError(f"{path}: line {number} has label {cells[0].strip()}; labels must "
-                            f"be integer class numbers")
+            raise DataError(
+                f"{path}: line {number} has label {cells[0].strip()}; labels must "
+                f"be integer class numbers"
+            )
         rows.append(row)
     return np.array(rows, dtype=np.float64).reshape(len(rows), columns)
 
@@ -147,8 +186,9 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def csv_chunks(path: Path, chunk_lines: int | None = None
-               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def csv_chunks(
+    path: Path, chunk_lines: int | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(features float32, labels int64) of a CSV file, a chunk of lines at a time."""
     chunk_lines = chunk_lines or CSV_CHUNK_LINES
     columns, first_line = None, 1
@@ -156,12 +196,13 @@ def csv_chunks(path: Path, chunk_lines: int | None = None
         with open(path, "rb") as file:
             while lines := list(itertools.islice(file, chunk_lines)):
                 if columns is None:
-                    columns = next((line.count(b",") + 1 for line in lines if line.strip()),
-                                   None)
+                    columns = next((line.count(b",") + 1 for line in lines if line.strip()), None)
                 if columns is not None:
                     if columns < 2:
-                        raise DataError(f"{path}: each row needs a label and at least one "
-                                        f"feature, found {columns} column")
+                        raise DataError(
+                            f"{path}: each row needs a label and at least one "
+                            f"feature, found {columns} column"
+                        )
                     table = _fast_table(lines, columns)
                     if table is None:
                         table = _exact_table(path, lines, first_line, columns)
@@ -180,25 +221,32 @@ def npz_chunks(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         with np.load(path, allow_pickle=False) as archive:
             missing = {"x", "y"} - set(archive.files)
             if missing:
-                raise DataError(f"{path}: NPZ needs arrays x and y; missing "
-                                f"{', '.join(sorted(missing))} (has {', '.join(archive.files)})")
+                raise DataError(
+                    f"{path}: NPZ needs arrays x and y; missing "
+                    f"{', '.join(sorted(missing))} (has {', '.join(archive.files)})"
+                )
             x, y = archive["x"], archive["y"]
     except (OSError, ValueError) as error:
         raise DataError(f"{path}: not a readable NPZ file ({error})") from None
     if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
-        raise DataError(f"{path}: x must be (samples, features...) and y (samples,) of the "
-                        f"same length; got x{x.shape} and y{y.shape}")
+        raise DataError(
+            f"{path}: x must be (samples, features...) and y (samples,) of the "
+            f"same length; got x{x.shape} and y{y.shape}"
+        )
     if len(y) == 0:
         raise DataError(f"{path}: the arrays are empty")
     if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
         raise DataError(f"{path}: x and y must be numeric, got {x.dtype} and {y.dtype}")
     bad = np.nonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))[0]
     if len(bad):
-        raise DataError(f"{path}: sample {bad[0] + 1} (counting from 1) has a NaN or infinite "
-                        f"feature")
+        raise DataError(
+            f"{path}: sample {bad[0] + 1} (counting from 1) has a NaN or infinite feature"
+        )
     wrong = ~(np.isfinite(y) & np.equal(np.mod(y, 1), 0))
     if wrong.any():
         index = int(np.nonzero(wrong)[0][0])
-        raise DataError(f"{path}: sample {index + 1} (counting from 1) has label {y[index]!r}; "
-                        f"labels must be integer class numbers")
+        raise DataError(
+            f"{path}: sample {index + 1} (counting from 1) has label {y[index]!r}; "
+            f"labels must be integer class numbers"
+        )
     yield x.astype(np.float32), y.astype(np.int64)

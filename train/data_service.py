@@ -34,9 +34,15 @@ def main() -> None:
     servers = []
     if host == dispatcher_host:
         servers.append(service.DispatchServer(service.DispatcherConfig(port=int(port))))
-    servers.append(service.WorkerServer(service.WorkerConfig(
-        dispatcher_address=f"{dispatcher_host}:{port}", worker_address=f"{host}:{int(port) + 1}",
-        port=int(port) + 1)))
+    servers.append(
+        service.WorkerServer(
+            service.WorkerConfig(
+                dispatcher_address=f"{dispatcher_host}:{port}",
+                worker_address=f"{host}:{int(port) + 1}",
+                port=int(port) + 1,
+            )
+        )
+    )
     roles = "dispatcher and worker" if len(servers) == 2 else "worker"
     print(f"data service: {roles} on {host}, dispatcher {dispatcher_host}:{port}", flush=True)
     # A stop is the ranks' to act on: they save at an agreed step, which needs their next

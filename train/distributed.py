@@ -23,8 +23,9 @@ served too, as raw outputs with no class labels.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
@@ -59,7 +60,7 @@ def verbose() -> int:
 
 def shard(*arrays):
     """Rank r of W keeps samples r, r+W, ... of each array (for data every rank loaded)."""
-    shares = [array[hvd.rank()::hvd.size()] for array in arrays]
+    shares = [array[hvd.rank() :: hvd.size()] for array in arrays]
     return shares[0] if len(shares) == 1 else shares
 
 
@@ -68,19 +69,28 @@ def scale_learning_rate(learning_rate: float) -> float:
     return learning_rate * hvd.size()
 
 
-def optimizer(inner: tf.keras.optimizers.Optimizer, *, accumulation_steps: int = 1,
-              fp16_allreduce: bool = False) -> tf.keras.optimizers.Optimizer:
+def optimizer(
+    inner: tf.keras.optimizers.Optimizer,
+    *,
+    accumulation_steps: int = 1,
+    fp16_allreduce: bool = False,
+) -> tf.keras.optimizers.Optimizer:
     """Gradients averaged over ranks (and over `accumulation_steps` micro-batches first)."""
     return hvd.DistributedOptimizer(
-        inner, backward_passes_per_step=accumulation_steps,
+        inner,
+        backward_passes_per_step=accumulation_steps,
         average_aggregated_gradients=True,  # k micro-batches = one batch k times bigger
-        compression=hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none)
+        compression=hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none,
+    )
 
 
 def callbacks(*, accumulation_steps: int = 1) -> list[tf.keras.callbacks.Callback]:
-    return [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            hvd.callbacks.MetricAverageCallback(),
-            StopOnRequest(accumulation_steps), ReportProgress(accumulation_steps)]
+    return [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+        StopOnRequest(accumulation_steps),
+        ReportProgress(accumulation_steps),
+    ]
 
 
 def heartbeat(step: int | None = None) -> None:
@@ -90,8 +100,12 @@ def heartbeat(step: int | None = None) -> None:
     Progress.report(step)
 
 
-def export(model: tf.keras.Model, *, classes: Sequence[Any] | None = None,
-           model_dir: str | os.PathLike | None = None) -> Path | None:
+def export(
+    model: tf.keras.Model,
+    *,
+    classes: Sequence[Any] | None = None,
+    model_dir: str | os.PathLike | None = None,
+) -> Path | None:
     """On rank 0, write `model` for serving as the built-in trainer does: a portable SavedModel
     (serving_default signature) in <model_dir>/model/1 and metadata.json, with `classes` the
     labels of a classifier's output columns (None: outputs are served raw). `model_dir` is

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -54,16 +55,24 @@ def _write_json(path: Path, value: dict) -> None:
 def serving_signature(model: tf.keras.Model) -> tf.types.experimental.ConcreteFunction:
     """`serving_default`: the model's forward pass on a batch of any size."""
     if len(model.inputs) != 1:
-        raise ValueError(f"export() writes models with one input; this one has "
-                         f"{len(model.inputs)}: save it with model.save (the server reads "
-                         "its Keras signature)")
+        raise ValueError(
+            f"export() writes models with one input; this one has "
+            f"{len(model.inputs)}: save it with model.save (the server reads "
+            "its Keras signature)"
+        )
     spec = tf.TensorSpec((None, *model.inputs[0].shape[1:]), model.inputs[0].dtype, INPUT_NAME)
-    return tf.function(lambda inputs: {OUTPUT_NAME: model(inputs, training=False)},
-                       input_signature=[spec]).get_concrete_function()
+    return tf.function(
+        lambda inputs: {OUTPUT_NAME: model(inputs, training=False)}, input_signature=[spec]
+    ).get_concrete_function()
 
 
-def export_model(model: tf.keras.Model, model_dir: Path, *,
-                 classes: Sequence[Any] | None = None, info: dict | None = None) -> Path:
+def export_model(
+    model: tf.keras.Model,
+    model_dir: Path,
+    *,
+    classes: Sequence[Any] | None = None,
+    info: dict | None = None,
+) -> Path:
     """Write the SavedModel into <model_dir>/model/1 (Keras 3: <model_dir>/model.keras) and
     metadata.json next to it; `classes` are a classifier's labels in output order (None: a
     model whose outputs are served raw)."""
@@ -81,16 +90,22 @@ def export_model(model: tf.keras.Model, model_dir: Path, *,
         # save_traces=False: the layers are rebuilt from their configs on load (every built-in
         # layer can be), so saving skips re-tracing every layer's call (1.3-1.8 s -> 0.2-0.3 s
         # at the end of every job); only the one serving signature is traced.
-        model.save(str(temporary), save_format="tf", include_optimizer=False,
-                   save_traces=False, signatures={SIGNATURE: serving_signature(model)})
+        model.save(
+            str(temporary),
+            save_format="tf",
+            include_optimizer=False,
+            save_traces=False,
+            signatures={SIGNATURE: serving_signature(model)},
+        )
         _replace_dir(temporary, final)
     shape = tuple(model.inputs[0].shape[1:])
     dtype = model.inputs[0].dtype
-    ModelMetadata(model_path=final.relative_to(model_dir).as_posix(),
-                  input_shape=shape if None not in shape else None,
-                  classes=None if classes is None else tuple(classes),
-                  info={"input_dtype": getattr(dtype, "name", dtype), **(info or {})}
-                  ).write(model_dir)
+    ModelMetadata(
+        model_path=final.relative_to(model_dir).as_posix(),
+        input_shape=shape if None not in shape else None,
+        classes=None if classes is None else tuple(classes),
+        info={"input_dtype": getattr(dtype, "name", dtype), **(info or {})},
+    ).write(model_dir)
     return final
 
 

@@ -32,4 +32,3 @@ def has_gpu() -> bool:
 
         return jax.devices()[0].platform == "gpu"
     return bool(tf.config.list_physical_devices("GPU"))
-

@@ -34,8 +34,9 @@ def probe(data: bytes, where: str, image_size: int) -> ImageSpec:
     try:
         image = tf.io.decode_image(data, expand_animations=False)
     except tf.errors.InvalidArgumentError as error:
-        raise DataError(f"{where}: not a decodable JPEG or PNG image ({error.message}); "
-                        f"{HINT}") from None
+        raise DataError(
+            f"{where}: not a decodable JPEG or PNG image ({error.message}); {HINT}"
+        ) from None
     height, width, channels = image.shape
     return ImageSpec(image_size or max(height, width), 1 if channels == 1 else 3)
 
@@ -60,7 +61,7 @@ class ImageFolder:
     """One rank's share of an image-folder channel; labels are the class folder names."""
 
     def __init__(self, channel: ChannelFiles, share: Share, image_size: int):
-        self.files = share.files[share.offset::share.step]
+        self.files = share.files[share.offset :: share.step]
         first = channel.files[0]
         self.spec = probe(first.read_bytes(), str(first), image_size)
         self.shape = self.spec.shape
@@ -70,12 +71,14 @@ class ImageFolder:
         return len(self.files), set(self.names)
 
     def samples(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset:
-        paths = tf.data.Dataset.from_tensor_slices(
-            ([str(p) for p in self.files], self.names))
+        paths = tf.data.Dataset.from_tensor_slices(([str(p) for p in self.files], self.names))
         if shuffle_seed is not None:  # names only: the whole list fits whatever the images
             paths = paths.shuffle(len(self.files), seed=shuffle_seed)
-        return paths.map(lambda path, name: (decode(tf.io.read_file(path), self.spec), name),
-                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        return paths.map(
+            lambda path, name: (decode(tf.io.read_file(path), self.spec), name),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=False,
+        )
 
     def diagnose(self) -> None:
         """DataError naming the first image of the share that does not decode."""
@@ -83,6 +86,6 @@ class ImageFolder:
             try:
                 decode(tf.constant(path.read_bytes()), self.spec)
             except tf.errors.InvalidArgumentError as error:
-                raise DataError(f"{path}: not a decodable JPEG or PNG image "
-                                f"({error.message}); {HINT}") from None
-
+                raise DataError(
+                    f"{path}: not a decodable JPEG or PNG image ({error.message}); {HINT}"
+                ) from None

@@ -23,15 +23,16 @@ are read and dropped, not trained.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
 
+from job.trainer_config import TrainerConfig
 from train import images
 from train.data import CSV, IMAGE, NPZ, TFRECORD, ChannelFiles, DataError, csv_chunks, npz_chunks
-from job.trainer_config import TrainerConfig
 from train.records import TFRecordShards
 from train.sharding import Share
 
@@ -57,8 +58,9 @@ class Table:
         x, _ = next(self.reader(channel.files[0]))
         self.shape = x.shape[1:]
 
-    def chunks(self, order: np.random.Generator | None = None
-               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def chunks(
+        self, order: np.random.Generator | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The share's chunks; its files in a random order from `order` (own files only: a
         record split needs every reader to walk the files in the same order)."""
         files = self.share.files
@@ -68,9 +70,11 @@ class Table:
         for path in files:
             for x, y in self.reader(path):
                 if x.shape[1:] != self.shape:
-                    raise DataError(f"{path}: samples have shape {x.shape[1:]} but the "
-                                    f"channel's first file has {self.shape}; all files of a "
-                                    f"channel must match")
+                    raise DataError(
+                        f"{path}: samples have shape {x.shape[1:]} but the "
+                        f"channel's first file has {self.shape}; all files of a "
+                        f"channel must match"
+                    )
                 keep = (np.arange(start, start + len(y)) % self.share.step) == self.share.offset
                 start += len(y)
                 if keep.any():
@@ -88,9 +92,13 @@ class Table:
             return self.chunks(None if seed < 0 else np.random.default_rng(seed))
 
         return tf.data.Dataset.from_generator(
-            generate, args=(-1 if shuffle_seed is None else shuffle_seed,), output_signature=(
+            generate,
+            args=(-1 if shuffle_seed is None else shuffle_seed,),
+            output_signature=(
                 tf.TensorSpec((None, *self.shape), tf.float32),
-                tf.TensorSpec((None,), tf.int64))).unbatch()
+                tf.TensorSpec((None,), tf.int64),
+            ),
+        ).unbatch()
 
     def diagnose(self) -> None:
         self.labels()  # the readers raise DataError with the file and line
@@ -100,8 +108,9 @@ def open_source(channel: ChannelFiles, share: Share, config: TrainerConfig) -> S
     if channel.kind in (CSV, NPZ):
         return Table(channel, share)
     if channel.kind == TFRECORD:
-        return TFRecordShards(channel, share, config.feature_key, config.label_key,
-                              config.image_size)
+        return TFRecordShards(
+            channel, share, config.feature_key, config.label_key, config.image_size
+        )
     if channel.kind == IMAGE:
         return images.ImageFolder(channel, share, config.image_size)
     raise AssertionError(channel.kind)
@@ -135,15 +144,22 @@ def label_lookup(classes: list) -> tf.lookup.StaticHashTable:
     """Raw label -> class index (the model's output column)."""
     keys = tf.constant(classes, tf.string if isinstance(classes[0], str) else tf.int64)
     return tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(classes), dtype=tf.int64)), -1)
+        tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(classes), dtype=tf.int64)), -1
+    )
 
 
 PASS_SEEDS = 2**24  # passes of one rank with distinct seeds before they repeat
 
 
-def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int,
-                   config: TrainerConfig, seed: int, augment: bool,
-                   start: tuple[int, int] = (0, 0)) -> tf.data.Dataset:
+def training_input(
+    source: Source,
+    lookup: tf.lookup.StaticHashTable,
+    batch: int,
+    config: TrainerConfig,
+    seed: int,
+    augment: bool,
+    start: tuple[int, int] = (0, 0),
+) -> tf.data.Dataset:
     """Endless shuffled batches of (features, class index); `seed` differs per rank, `start`
     is (pass, samples into it) of the stream (train.position.stream_start). Labels are looked
     up a batch at a time (per sample costs 2x the throughput of tabular data)."""
@@ -165,11 +181,15 @@ def training_input(source: Source, lookup: tf.lookup.StaticHashTable, batch: int
 
     dataset = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(skip)
     if augment:
-        dataset = dataset.map(lambda pair, pair_seed: (images.augment(pair[0], pair_seed), pair[1]),
-                              num_parallel_calls=tf.data.AUTOTUNE)
-    return (dataset.batch(batch, drop_remainder=True)
-            .map(lambda x, label: (x, lookup.lookup(label)))
-            .prefetch(tf.data.AUTOTUNE))
+        dataset = dataset.map(
+            lambda pair, pair_seed: (images.augment(pair[0], pair_seed), pair[1]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    return (
+        dataset.batch(batch, drop_remainder=True)
+        .map(lambda x, label: (x, lookup.lookup(label)))
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def served(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset:
@@ -177,12 +197,19 @@ def served(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset:
     hosts: train.data_service) and read from it: its passes dealt to the service's workers as
     they ask (dynamic sharding), so each pass is produced once, whatever the workers' count."""
     distribute = tf.data.experimental.service.distribute
-    return dataset.apply(distribute(
-        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=service))
+    return dataset.apply(
+        distribute(
+            processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=service
+        )
+    )
 
 
-def evaluation_input(source: Source, lookup: tf.lookup.StaticHashTable,
-                     batch: int) -> tf.data.Dataset:
-    return (source.samples(None).batch(batch)
-            .map(lambda x, label: (x, lookup.lookup(label))).prefetch(tf.data.AUTOTUNE))
-
+def evaluation_input(
+    source: Source, lookup: tf.lookup.StaticHashTable, batch: int
+) -> tf.data.Dataset:
+    return (
+        source.samples(None)
+        .batch(batch)
+        .map(lambda x, label: (x, lookup.lookup(label)))
+        .prefetch(tf.data.AUTOTUNE)
+    )

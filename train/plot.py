@@ -22,9 +22,17 @@ def panels(history: dict[str, list[float]]) -> list[tuple[str, dict[str, list[fl
     """(metric, {series name: values}) per plotted metric: `loss` and `val_loss` share a
     panel; the learning rate is not plotted (it is in history.json)."""
     metrics = sorted({key.removeprefix("val_") for key in history if key != "lr"})
-    return [(metric, {name: history[key] for name, key in
-                      (("train", metric), ("validation", f"val_{metric}")) if key in history})
-            for metric in metrics]
+    return [
+        (
+            metric,
+            {
+                name: history[key]
+                for name, key in (("train", metric), ("validation", f"val_{metric}"))
+                if key in history
+            },
+        )
+        for metric in metrics
+    ]
 
 
 def value_range(series: dict[str, list[float]]) -> tuple[float, float]:
@@ -37,8 +45,13 @@ def value_range(series: dict[str, list[float]]) -> tuple[float, float]:
     return low - pad, high + pad
 
 
-def _draw_panel(draw: ImageDraw.ImageDraw, origin: int, metric: str,
-                series: dict[str, list[float]], font: ImageFont.ImageFont) -> None:
+def _draw_panel(
+    draw: ImageDraw.ImageDraw,
+    origin: int,
+    metric: str,
+    series: dict[str, list[float]],
+    font: ImageFont.ImageFont,
+) -> None:
     left, top = origin + MARGIN["left"], MARGIN["top"]
     right, bottom = origin + PANEL[0] - MARGIN["right"], PANEL[1] - MARGIN["bottom"]
     epochs = max(len(values) for values in series.values())

@@ -37,13 +37,16 @@ class JobPosition:
     def after(self, steps: int, global_batch: int, steps_per_epoch: int) -> JobPosition:
         """The position `steps` optimizer steps later."""
         epochs, in_epoch = divmod(self.steps_in_epoch + steps, steps_per_epoch)
-        return JobPosition(self.epochs_done + epochs, in_epoch,
-                           self.samples_done + steps * global_batch)
+        return JobPosition(
+            self.epochs_done + epochs, in_epoch, self.samples_done + steps * global_batch
+        )
 
     def counts(self, global_batch: int) -> dict:
         """What a checkpoint's state records besides epochs_done (which names its folder)."""
-        return {"epoch_samples": self.steps_in_epoch * global_batch,
-                "samples_done": self.samples_done}
+        return {
+            "epoch_samples": self.steps_in_epoch * global_batch,
+            "samples_done": self.samples_done,
+        }
 
     def describe(self) -> str:
         if not self.steps_in_epoch:

@@ -25,16 +25,17 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Callable, Mapping, NoReturn
+from typing import NoReturn
 
 from job.errors import PlatformError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
-from job.sagemaker_config import configured_paths
 from job.protocol import rank_failure
 from job.rank_job import DATA_HOST_ENV
+from job.sagemaker_config import configured_paths
 from train.activity import Pulse, exclude_horovod_threads
 
 
@@ -70,8 +71,9 @@ def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankCon
     local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world_size)
     paths = configured_paths(Path(environ.get("TRAIN_ML_ROOT", str(DEFAULT_ML_ROOT))))
     if environ.get(DATA_HOST_ENV):  # a data host's script: no rank, its own host
-        return RankContext(0, 1, 0, 1, environ[DATA_HOST_ENV],
-                           tuple(environ["TRAIN_HOSTS"].split(",")), paths)
+        return RankContext(
+            0, 1, 0, 1, environ[DATA_HOST_ENV], tuple(environ["TRAIN_HOSTS"].split(",")), paths
+        )
     if "TRAIN_HOSTS" not in environ:
         host = socket.gethostname()
         return RankContext(rank, world_size, local_rank, local_size, host, (host,), paths)
@@ -81,9 +83,11 @@ def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankCon
         raise PlatformError(
             f"rank {rank} was placed unexpectedly (world size {world_size}, local rank "
             f"{local_rank}; planned {len(hosts)} hosts x {per_host}); do not override -np, "
-            f"-H or --map-by in mpi_options")
-    return RankContext(rank, world_size, local_rank, local_size, hosts[rank // per_host],
-                       hosts, paths)
+            f"-H or --map-by in mpi_options"
+        )
+    return RankContext(
+        rank, world_size, local_rank, local_size, hosts[rank // per_host], hosts, paths
+    )
 
 
 IMPORT_MACHINERY = "<frozen importlib._bootstrap>"

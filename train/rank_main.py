@@ -9,16 +9,18 @@ import gc
 import os
 
 from job.errors import ConfigError
+from job.rank_job import read_rank_job
 from job.trainer_config import BACKEND_ENV, JAX
 from train.rank import RankContext, run_rank
-from job.rank_job import read_rank_job
 
 
 def main(context: RankContext) -> None:
     job = read_rank_job()
     if job.trainer is None or job.batches is None:
-        raise ConfigError(f"the launcher planned script mode ({job.program}), not the built-in "
-                          "trainer; start ranks with `train`")
+        raise ConfigError(
+            f"the launcher planned script mode ({job.program}), not the built-in "
+            "trainer; start ranks with `train`"
+        )
     os.environ.update(job.worker_environment(context.rank, context.local_rank))
     if job.trainer.backend == JAX:  # before train.framework chooses the Keras to build with
         os.environ.update({BACKEND_ENV: JAX, "KERAS_BACKEND": JAX})

@@ -44,17 +44,24 @@ class Layout:
         return self.image.shape if self.image else (self.length,)
 
     def parse(self, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        feature = tf.io.FixedLenFeature([], tf.string) if self.image else \
-            tf.io.FixedLenFeature([self.length], tf.int64 if self.integer else tf.float32)
-        parsed = tf.io.parse_single_example(record, {
-            self.feature_key: feature, self.label_key: tf.io.FixedLenFeature([], tf.int64)})
+        feature = (
+            tf.io.FixedLenFeature([], tf.string)
+            if self.image
+            else tf.io.FixedLenFeature([self.length], tf.int64 if self.integer else tf.float32)
+        )
+        parsed = tf.io.parse_single_example(
+            record, {self.feature_key: feature, self.label_key: tf.io.FixedLenFeature([], tf.int64)}
+        )
         value = parsed[self.feature_key]
-        return (images.decode(value, self.image) if self.image else tf.cast(value, tf.float32),
-                parsed[self.label_key])
+        return (
+            images.decode(value, self.image) if self.image else tf.cast(value, tf.float32),
+            parsed[self.label_key],
+        )
 
     def parse_labels(self, records: tf.Tensor) -> tf.Tensor:
-        return tf.io.parse_example(records, {
-            self.label_key: tf.io.FixedLenFeature([], tf.int64)})[self.label_key]
+        return tf.io.parse_example(records, {self.label_key: tf.io.FixedLenFeature([], tf.int64)})[
+            self.label_key
+        ]
 
 
 def inspect(path: Path, feature_key: str, label_key: str, image_size: int) -> Layout:
@@ -73,17 +80,22 @@ def inspect(path: Path, feature_key: str, label_key: str, image_size: int) -> La
     have = ", ".join(sorted(features)) or "none"
     for key, role in ((feature_key, "feature_key"), (label_key, "label_key")):
         if key not in features:
-            raise DataError(f"{where}: no feature {key!r} (the record has: {have}); set the "
-                            f"{role} hyperparameter to the key that holds the "
-                            f"{'label' if role == 'label_key' else 'features'}")
+            raise DataError(
+                f"{where}: no feature {key!r} (the record has: {have}); set the "
+                f"{role} hyperparameter to the key that holds the "
+                f"{'label' if role == 'label_key' else 'features'}"
+            )
     if features[label_key].WhichOneof("kind") != "int64_list":
-        raise DataError(f"{where}: the label {label_key!r} must be an int64 list holding the "
-                        f"class number, not a {features[label_key].WhichOneof('kind')}")
+        raise DataError(
+            f"{where}: the label {label_key!r} must be an int64 list holding the "
+            f"class number, not a {features[label_key].WhichOneof('kind')}"
+        )
     feature = features[feature_key]
     kind = feature.WhichOneof("kind")
     if kind == "bytes_list":
-        return Layout(feature_key, label_key, 0,
-                      images.probe(feature.bytes_list.value[0], where, image_size))
+        return Layout(
+            feature_key, label_key, 0, images.probe(feature.bytes_list.value[0], where, image_size)
+        )
     values = feature.float_list.value if kind == "float_list" else feature.int64_list.value
     if not values:
         raise DataError(f"{where}: the feature {feature_key!r} is empty")
@@ -93,8 +105,9 @@ def inspect(path: Path, feature_key: str, label_key: str, image_size: int) -> La
 class TFRecordShards:
     """One rank's share of a TFRecord channel."""
 
-    def __init__(self, channel: ChannelFiles, share: Share, feature_key: str, label_key: str,
-                 image_size: int):
+    def __init__(
+        self, channel: ChannelFiles, share: Share, feature_key: str, label_key: str, image_size: int
+    ):
         self.share = share
         self.layout = inspect(channel.files[0], feature_key, label_key, image_size)
         self.shape = self.layout.shape
@@ -103,20 +116,27 @@ class TFRecordShards:
         files = [str(p) for p in self.share.files]
         kinds = [compression(p) for p in self.share.files]
         if not self.share.by_file:  # every rank reads the same order and keeps its records
-            return (tf.data.Dataset.from_tensor_slices((files, kinds))
-                    .flat_map(tf.data.TFRecordDataset)
-                    .shard(self.share.step, self.share.offset))
+            return (
+                tf.data.Dataset.from_tensor_slices((files, kinds))
+                .flat_map(tf.data.TFRecordDataset)
+                .shard(self.share.step, self.share.offset)
+            )
         names = tf.data.Dataset.from_tensor_slices((files, kinds))
         if shuffle_seed is not None:
             names = names.shuffle(len(files), seed=shuffle_seed)
-        return names.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                                num_parallel_calls=tf.data.AUTOTUNE,
-                                deterministic=shuffle_seed is None)
+        return names.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(len(files), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=shuffle_seed is None,
+        )
 
     def samples(self, shuffle_seed: int | tf.Tensor | None) -> tf.data.Dataset:
-        return self.records(shuffle_seed).map(self.layout.parse,
-                                              num_parallel_calls=tf.data.AUTOTUNE,
-                                              deterministic=shuffle_seed is None)
+        return self.records(shuffle_seed).map(
+            self.layout.parse,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=shuffle_seed is None,
+        )
 
     def labels(self) -> tuple[int, set]:
         count, seen = 0, set()
@@ -126,8 +146,10 @@ class TFRecordShards:
                 seen.update(batch.numpy().tolist())
         except tf.errors.OpError as error:
             self.diagnose()  # names the file and record; this when it finds nothing
-            raise DataError(f"{len(self.share.files)} TFRecord file(s) from "
-                            f"{self.share.files[0]}: {error.message}; {HINT}") from None
+            raise DataError(
+                f"{len(self.share.files)} TFRecord file(s) from "
+                f"{self.share.files[0]}: {error.message}; {HINT}"
+            ) from None
         return count, seen
 
     def diagnose(self) -> None:
@@ -142,13 +164,16 @@ class TFRecordShards:
                 except StopIteration:
                     break
                 except tf.errors.OpError as error:
-                    raise DataError(f"{path} record {index}: corrupt ({error.message}); "
-                                    f"{HINT}") from None
+                    raise DataError(
+                        f"{path} record {index}: corrupt ({error.message}); {HINT}"
+                    ) from None
                 try:
                     self.layout.parse(record)
                 except tf.errors.OpError as error:
-                    raise DataError(f"{path} record {index}: cannot be parsed with "
-                                    f"feature_key={self.layout.feature_key!r} ("
-                                    f"{self.layout.length or 'an encoded image'}) and "
-                                    f"label_key={self.layout.label_key!r}: {error.message}; "
-                                    f"{HINT}") from None
+                    raise DataError(
+                        f"{path} record {index}: cannot be parsed with "
+                        f"feature_key={self.layout.feature_key!r} ("
+                        f"{self.layout.length or 'an encoded image'}) and "
+                        f"label_key={self.layout.label_key!r}: {error.message}; "
+                        f"{HINT}"
+                    ) from None

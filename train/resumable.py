@@ -65,13 +65,23 @@ class Start:
 
 
 class Checkpoints:
-    def __init__(self, model, optimizer=None, *, directory: str | os.PathLike | None = None,
-                 every_epochs: int = 1, every_minutes: float = 30.0, keep: int = 2):
+    def __init__(
+        self,
+        model,
+        optimizer=None,
+        *,
+        directory: str | os.PathLike | None = None,
+        every_epochs: int = 1,
+        every_minutes: float = 30.0,
+        keep: int = 2,
+    ):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         if self.optimizer is None:
-            raise ValueError("Checkpoints(model): compile the model first, or pass the "
-                             "optimizer your loop uses: Checkpoints(model, optimizer)")
+            raise ValueError(
+                "Checkpoints(model): compile the model first, or pass the "
+                "optimizer your loop uses: Checkpoints(model, optimizer)"
+            )
         folder = directory or os.environ.get("SM_CHECKPOINT_DIR") or MlPaths().checkpoint_dir
         self.store = CheckpointStore(Path(folder), keep)
         self.mpi = OverMpi()
@@ -85,8 +95,10 @@ class Checkpoints:
         comes before the first step, which would create them), in the model's strategy."""
         if self._variables is None:
             if not self.model.built:
-                raise ValueError("Checkpoints: build the model before restoring it (start it "
-                                 "with an Input layer, or call model.build(input_shape))")
+                raise ValueError(
+                    "Checkpoints: build the model before restoring it (start it "
+                    "with an Input layer, or call model.build(input_shape))"
+                )
             strategy = getattr(self.model, "distribute_strategy", None)
             with strategy.scope() if strategy is not None else contextlib.nullcontext():
                 self.optimizer.build(self.model.trainable_variables)
@@ -104,18 +116,19 @@ class Checkpoints:
             found = self.store.resume(checkpoint, lambda line: emit(f"checkpoints: {line}"))
             if found:
                 folder, state = found
-                start = Start(state["epochs_done"], int(state.get("step", 0)),
-                              state.get("extra", {}), folder)
-                emit(f"checkpoints: resumed from {folder} (epoch {start.epoch}, step "
-                     f"{start.step})")
+                start = Start(
+                    state["epochs_done"], int(state.get("step", 0)), state.get("extra", {}), folder
+                )
+                emit(f"checkpoints: resumed from {folder} (epoch {start.epoch}, step {start.step})")
         start = self.mpi.broadcast_object(start, name="start")
         if start.folder is not None:
             self.mpi.broadcast_variables(self.variables(), checkpoint.loaded)
         self.epoch = start.epoch
         return start
 
-    def save(self, *, epoch: int | None = None, step: int | None = None,
-             **extra: Any) -> Path | None:
+    def save(
+        self, *, epoch: int | None = None, step: int | None = None, **extra: Any
+    ) -> Path | None:
         """The leader writes a checkpoint: `epoch` epochs done (by default the last one the
         callback saw), `step` optimizer steps (by default the optimizer's count) and `extra`
         (JSON values) for Start.extra. Other ranks write nothing."""
@@ -126,8 +139,9 @@ class Checkpoints:
         step = int(local_value(self.optimizer.iterations)) if step is None else step
         return self.store.save(ArrayCheckpoint(self.variables()), epoch, step=step, extra=extra)
 
-    def after_step(self, *, epoch: int | None = None, step: int | None = None,
-                   **extra: Any) -> None:
+    def after_step(
+        self, *, epoch: int | None = None, step: int | None = None, **extra: Any
+    ) -> None:
         """Every rank, after every optimizer step: saves when one is due by the clock, and
         when the job is asked to stop saves and exits (SystemExit 143) on every rank."""
         agreed = agree_after_step(self.cadence)
@@ -137,16 +151,19 @@ class Checkpoints:
         saved = self.save(epoch=epoch, step=step, **extra)
         if agreed & STOP:
             if saved is not None:  # the leader: the launcher puts this in the failure file
-                emit(stopped_line(f"checkpoint saved in {saved}; a restarted job resumes "
-                                  "from it"))
+                emit(stopped_line(f"checkpoint saved in {saved}; a restarted job resumes from it"))
             raise SystemExit(STOPPED_CODE)
 
     def callback(self):
         """The Keras callback for `fit` (of the model's own Keras: tf.keras, tf_keras or
         Keras 3): after_step after each batch, save after every `every_epochs` epochs."""
-        keras = importlib.import_module(next(  # the Keras the model's classes come from
-            kind.__module__.partition(".")[0] for kind in type(self.model).__mro__
-            if kind.__module__.startswith(("keras.", "tf_keras."))))
+        keras = importlib.import_module(
+            next(  # the Keras the model's classes come from
+                kind.__module__.partition(".")[0]
+                for kind in type(self.model).__mro__
+                if kind.__module__.startswith(("keras.", "tf_keras."))
+            )
+        )
         checkpoints = self
 
         class SaveCheckpoints(keras.callbacks.Callback):

@@ -21,8 +21,10 @@ def _skip_autograph_of_horovod() -> None:
     from tensorflow.python.autograph.core import config as autograph_config
 
     rules = autograph_config.CONVERSION_RULES
-    if not any(isinstance(rule, autograph_config.DoNotConvert) and rule.matches("horovod")
-               for rule in rules):
+    if not any(
+        isinstance(rule, autograph_config.DoNotConvert) and rule.matches("horovod")
+        for rule in rules
+    ):
         autograph_config.CONVERSION_RULES = (autograph_config.DoNotConvert("horovod"), *rules)
 
 

@@ -40,8 +40,12 @@ from train.rank import RankContext, run_rank
 def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     """The toolkit's SM_* variables for this rank."""
     paths = context.paths
-    for folder in (paths.model_dir, paths.output_data_dir, paths.checkpoint_dir,
-                   paths.tensorboard_dir):
+    for folder in (
+        paths.model_dir,
+        paths.output_data_dir,
+        paths.checkpoint_dir,
+        paths.tensorboard_dir,
+    ):
         folder.mkdir(parents=True, exist_ok=True)  # SageMaker makes them; local runs may not
     os.environ["SAGEMAKER_BASE_DIR"] = str(paths.root)  # read by the toolkit at import
     from sagemaker_training import environment
@@ -52,23 +56,36 @@ def sm_environment(context: RankContext, job: RankJob) -> dict[str, str]:
     # SM_INSTANCE_GROUPS_DICT, SM_DISTRIBUTION_HOSTS ...), those of AWS's containers.
     resource_config = resource_document(resources, context.host)
     training = [g.name for g in resources.instance_groups if set(g.hosts) & set(context.hosts)]
-    channels = {name: {"ContentType": c.content_type, "TrainingInputMode": c.input_mode,
-                       "S3DistributionType": c.distribution}
-                for name, c in read_channels(paths.input_data_config, paths.data_dir).items()}
+    channels = {
+        name: {
+            "ContentType": c.content_type,
+            "TrainingInputMode": c.input_mode,
+            "S3DistributionType": c.distribution,
+        }
+        for name, c in read_channels(paths.input_data_config, paths.data_dir).items()
+    }
     env = environment.Environment(
-        resource_config=resource_config, input_data_config=channels,
-        hyperparameters={**job.script_hyperparameters,
-                         "sagemaker_distribution_instance_groups": training})
+        resource_config=resource_config,
+        input_data_config=channels,
+        hyperparameters={
+            **job.script_hyperparameters,
+            "sagemaker_distribution_instance_groups": training,
+        },
+    )
     # The names SDK 3's driver (sm_drivers/scripts/environment.py) adds to the toolkit's, so
     # scripts written for ModelTrainer find them too.
-    sdk3 = {"SM_MASTER_ADDR": context.hosts[0],
-            "SM_MASTER_PORT": job.processes.coordinator.rpartition(":")[2],
-            "SM_SOURCE_DIR": str(paths.code_dir),
-            "SM_ENTRY_SCRIPT": job.program}
+    sdk3 = {
+        "SM_MASTER_ADDR": context.hosts[0],
+        "SM_MASTER_PORT": job.processes.coordinator.rpartition(":")[2],
+        "SM_SOURCE_DIR": str(paths.code_dir),
+        "SM_ENTRY_SCRIPT": job.program,
+    }
     # Where SageMaker syncs checkpoints and uploads TensorBoard events: the LocalPath of the
     # job's CheckpointConfig and TensorBoardOutputConfig, which the toolkit does not tell.
-    folders = {"SM_CHECKPOINT_DIR": str(paths.checkpoint_dir),
-               "SM_TENSORBOARD_DIR": str(paths.tensorboard_dir)}
+    folders = {
+        "SM_CHECKPOINT_DIR": str(paths.checkpoint_dir),
+        "SM_TENSORBOARD_DIR": str(paths.tensorboard_dir),
+    }
     return {**sdk3, **folders, **{key: str(value) for key, value in env.to_env_vars().items()}}
 
 
@@ -85,8 +102,12 @@ def shadowed(script: Path, names: tuple[str, ...] = OUR_PACKAGES) -> list[str]:
     count either (a data folder called `model/` stays data).
     """
     folder = script.parent
-    return [name for name in names if name != script.stem and (
-        (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file())]
+    return [
+        name
+        for name in names
+        if name != script.stem
+        and ((folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file())
+    ]
 
 
 def release(names: list[str]) -> None:

@@ -29,8 +29,9 @@ class Share:
         return self.step == 1
 
 
-def readers(*, by_host: bool, rank: int, world_size: int, local_rank: int,
-            local_size: int) -> tuple[int, int]:
+def readers(
+    *, by_host: bool, rank: int, world_size: int, local_rank: int, local_size: int
+) -> tuple[int, int]:
     """(this reader's index, number of readers) of a channel."""
     return (local_rank, local_size) if by_host else (rank, world_size)
 

@@ -77,8 +77,9 @@ class Sync(ABC):
         """Rank 0's `value` on every rank."""
 
     @abstractmethod
-    def broadcast_variables(self, variables: list[Variable],
-                            loaded: list[np.ndarray] | None = None) -> None:
+    def broadcast_variables(
+        self, variables: list[Variable], loaded: list[np.ndarray] | None = None
+    ) -> None:
         """Rank 0's values of `variables` assigned on every rank: the values rank 0 `loaded`
         from a checkpoint for them (train.checkpoints.loaded_values), else its own."""
 
@@ -88,8 +89,9 @@ class Sync(ABC):
         on every rank (their mean), before a checkpoint or the export."""
 
     @abstractmethod
-    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
-             ) -> tuple[Model, Optimizer]:
+    def step(
+        self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+    ) -> tuple[Model, Optimizer]:
         """(what `fit` runs, its optimizer, built with `optimizer`) for optimizer steps of
         `accumulation_steps` micro-batches whose gradients are averaged over the micro-batches
         and over the ranks: what gets checkpointed and exported stays `model`."""
@@ -108,8 +110,9 @@ class Sync(ABC):
         """This rank's training batches as `fit` takes them (each rank reads its own share)."""
 
     @abstractmethod
-    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
-                   ) -> tuple[Any, int | None]:
+    def evaluation(
+        self, dataset: tf.data.Dataset, samples: int, batch: int
+    ) -> tuple[Any, int | None]:
         """(validation data as `fit` takes it, validation steps or None for all of it) from
         this rank's `samples` validation samples in batches of `batch`."""
 
@@ -119,10 +122,13 @@ class Sync(ABC):
         new, untrained one). Every rank calls it; only rank 0 exports."""
 
 
-def accumulated_step(model: Model, optimizer: OptimizerFactory, accumulation_steps: int,
-                     synchronising: Callable[[Optimizer], Optimizer],
-                     mean_over_ranks: Callable[[], Callable[[Gradients], Gradients]]
-                     ) -> tuple[Model, Optimizer]:
+def accumulated_step(
+    model: Model,
+    optimizer: OptimizerFactory,
+    accumulation_steps: int,
+    synchronising: Callable[[Optimizer], Optimizer],
+    mean_over_ranks: Callable[[], Callable[[Gradients], Gradients]],
+) -> tuple[Model, Optimizer]:
     """`Sync.step` on TensorFlow: one micro-batch per step is Keras' own step with the
     `synchronising` optimizer; k are train.accumulation's one step of k micro-batches (one
     batch of `fit`) with one mean over ranks, from `mean_over_ranks()`, and the plain optimizer.
@@ -160,22 +166,28 @@ class Horovod(Sync):
     def broadcast_object(self, value: Any, name: str) -> Any:
         return self.hvd.broadcast_object(value, root_rank=0, name=name)
 
-    def broadcast_variables(self, variables: list[Variable],
-                            loaded: list[np.ndarray] | None = None) -> None:
+    def broadcast_variables(
+        self, variables: list[Variable], loaded: list[np.ndarray] | None = None
+    ) -> None:
         self.hvd.broadcast_variables(variables, root_rank=0)  # restored in place: no `loaded`
 
     def average_statistics(self, variables: list[Variable]) -> None:
         for variable in variables:
             if variable.dtype.is_floating:
-                variable.assign(self.hvd.allreduce(variable, op=self.hvd.Average,
-                                                   name=f"statistics.{variable.name}"))
+                variable.assign(
+                    self.hvd.allreduce(
+                        variable, op=self.hvd.Average, name=f"statistics.{variable.name}"
+                    )
+                )
 
-    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
-             ) -> tuple[Model, Optimizer]:
+    def step(
+        self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+    ) -> tuple[Model, Optimizer]:
         """AccumulatingModel for k micro-batches: with Horovod 1.2x faster than its
         backward_passes_per_step (see train.accumulation)."""
-        return accumulated_step(model, optimizer, accumulation_steps, self.optimizer,
-                                self.gradient_mean)
+        return accumulated_step(
+            model, optimizer, accumulation_steps, self.optimizer, self.gradient_mean
+        )
 
     def batches_per_step(self, accumulation_steps: int) -> int:
         return 1
@@ -192,8 +204,9 @@ class Horovod(Sync):
         hvd, compression = self.hvd, self.compression
         if self.size == 1:
             return lambda gradients: gradients
-        return lambda gradients: hvd.grouped_allreduce(gradients, op=hvd.Average,
-                                                        compression=compression)
+        return lambda gradients: hvd.grouped_allreduce(
+            gradients, op=hvd.Average, compression=compression
+        )
 
     def callbacks(self) -> list[Callback]:
         import horovod.tensorflow.keras as hvd_keras
@@ -203,8 +216,9 @@ class Horovod(Sync):
     def distribute(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset
 
-    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
-                   ) -> tuple[tf.data.Dataset, int | None]:
+    def evaluation(
+        self, dataset: tf.data.Dataset, samples: int, batch: int
+    ) -> tuple[tf.data.Dataset, int | None]:
         """(validation data, steps): each rank its whole share, however many batches."""
         return dataset, None
 
@@ -227,8 +241,9 @@ class OverMpi:
     def broadcast_object(self, value: Any, name: str) -> Any:
         return self.comm.bcast(value, root=0)
 
-    def broadcast_variables(self, variables: list[Variable],
-                            loaded: list[np.ndarray] | None = None) -> None:
+    def broadcast_variables(
+        self, variables: list[Variable], loaded: list[np.ndarray] | None = None
+    ) -> None:
         """Rank 0's own copy of every variable, or the values it `loaded` from a checkpoint
         for them, to every worker's every replica (a plain read of a worker-averaged or
         process-spanning variable would mix in or wait for the others)."""
@@ -238,8 +253,9 @@ class OverMpi:
         for variable, value in zip(variables, values):
             variable.assign(value)
 
-    def uniform_evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
-                           ) -> tuple[tf.data.Dataset, int]:
+    def uniform_evaluation(
+        self, dataset: tf.data.Dataset, samples: int, batch: int
+    ) -> tuple[tf.data.Dataset, int]:
         """(validation data, steps): every worker must run the same number of steps, so a
         worker whose share has fewer batches than the largest share's goes round its own share
         again for the difference (shares differ by a file at most; these few samples count
@@ -267,12 +283,18 @@ class Mirrored(OverMpi, Sync):
     def average_statistics(self, variables: list[Variable]) -> None:
         """Nothing to do: MWMS keeps them per worker and averages them on every read."""
 
-    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
-             ) -> tuple[Model, Optimizer]:
+    def step(
+        self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+    ) -> tuple[Model, Optimizer]:
         """The optimizer as it is (its apply_gradients sums over the replicas the gradients of
         a loss Keras already divided by their count), and no mean over ranks by hand."""
-        return accumulated_step(model, optimizer, accumulation_steps,
-                                lambda inner: inner, lambda: lambda gradients: gradients)
+        return accumulated_step(
+            model,
+            optimizer,
+            accumulation_steps,
+            lambda inner: inner,
+            lambda: lambda gradients: gradients,
+        )
 
     def batches_per_step(self, accumulation_steps: int) -> int:
         return 1
@@ -284,13 +306,13 @@ class Mirrored(OverMpi, Sync):
         """This worker's own batches, as they are: the trainer shards the data itself, so
         TensorFlow must neither shard nor re-batch it."""
         options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = \
-            tf.data.experimental.AutoShardPolicy.OFF
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         dataset = dataset.with_options(options)
         return self.strategy.distribute_datasets_from_function(lambda _: dataset)
 
-    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
-                   ) -> tuple[tf.distribute.DistributedDataset, int]:
+    def evaluation(
+        self, dataset: tf.data.Dataset, samples: int, batch: int
+    ) -> tuple[tf.distribute.DistributedDataset, int]:
         repeated, steps = self.uniform_evaluation(dataset, samples, batch)
         return self.distribute(repeated), steps
 
@@ -328,13 +350,15 @@ class KerasOnJax(OverMpi, Sync):
     def average_statistics(self, variables: list[Variable]) -> None:
         """Nothing to do: batch statistics are computed over the global batch."""
 
-    def step(self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
-             ) -> tuple[Model, Optimizer]:
+    def step(
+        self, model: Model, optimizer: OptimizerFactory, accumulation_steps: int
+    ) -> tuple[Model, Optimizer]:
         """Keras' own step and its optimizer's own accumulation: each micro-batch a batch of
         `fit`, an update every k (gradient_accumulation_steps); JAX's collectives average
         over the global batch."""
-        accumulate = {"gradient_accumulation_steps": accumulation_steps} \
-            if accumulation_steps > 1 else {}
+        accumulate = (
+            {"gradient_accumulation_steps": accumulation_steps} if accumulation_steps > 1 else {}
+        )
         return model, optimizer(**accumulate)
 
     def batches_per_step(self, accumulation_steps: int) -> int:
@@ -346,8 +370,9 @@ class KerasOnJax(OverMpi, Sync):
     def distribute(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset  # this process's share; Keras assembles the global batch
 
-    def evaluation(self, dataset: tf.data.Dataset, samples: int, batch: int
-                   ) -> tuple[tf.data.Dataset, int]:
+    def evaluation(
+        self, dataset: tf.data.Dataset, samples: int, batch: int
+    ) -> tuple[tf.data.Dataset, int]:
         """As MWMS's, in whole batches: every process's part of a step has the same shape."""
         whole = dataset.unbatch().repeat().batch(batch, drop_remainder=True)
         return self.uniform_evaluation(whole, samples, batch)
@@ -374,8 +399,9 @@ def local_value(variable: Variable) -> np.ndarray:
     return value.numpy()
 
 
-def synchronise(backend: str, tf_workers: tuple[str, ...], local_size: int,
-                fp16_allreduce: bool) -> Sync:
+def synchronise(
+    backend: str, tf_workers: tuple[str, ...], local_size: int, fp16_allreduce: bool
+) -> Sync:
     """The stack the launcher planned: Keras 3 on JAX for backend=jax, else MWMS when it
     planned `tf_workers`, else Horovod."""
     if backend == JAX:

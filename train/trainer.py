@@ -86,50 +86,61 @@ class Trainer:
             emit(mark_line(moment))
 
 
-def open_share(context: RankContext, config: TrainerConfig, channel: Channel,
-               whole: bool = False) -> Source:
+def open_share(
+    context: RankContext, config: TrainerConfig, channel: Channel, whole: bool = False
+) -> Source:
     """This rank's files or records of a channel (all of it when `whole`).
 
     # distributed: split by global rank (FullyReplicated) or by local rank (ShardedByS3Key).
     """
-    files = list_channel(channel.name, context.paths.channel(channel.name),
-                         channel.content_type)
-    reader, count = (0, 1) if whole else readers(
-        by_host=channel.sharded_by_host, rank=context.rank, world_size=context.world_size,
-        local_rank=context.local_rank, local_size=context.local_size)
+    files = list_channel(channel.name, context.paths.channel(channel.name), channel.content_type)
+    reader, count = (
+        (0, 1)
+        if whole
+        else readers(
+            by_host=channel.sharded_by_host,
+            rank=context.rank,
+            world_size=context.world_size,
+            local_rank=context.local_rank,
+            local_size=context.local_size,
+        )
+    )
     return open_source(files, assign(files.files, reader, count), config)
 
 
-def count_train(sync: Sync, source: Source, channel: Channel, context: RankContext
-                ) -> tuple[int, int, list[Any], tuple[int, ...]]:
+def count_train(
+    sync: Sync, source: Source, channel: Channel, context: RankContext
+) -> tuple[int, int, list[Any], tuple[int, ...]]:
     """(samples on all ranks, samples in this rank's share, sorted classes, sample shape),
     from the counting pass.
 
     # distributed: every rank counts its own share; all ranks get the same totals.
     """
     count, labels = source.labels()
-    shares = sync.allgather_object((count, sorted(labels), tuple(source.shape)),
-                                   name="train_share")
+    shares = sync.allgather_object((count, sorted(labels), tuple(source.shape)), name="train_share")
     empty = [rank for rank, share in enumerate(shares) if not share[0]]
     if empty:
         raise DataError(
             f"rank(s) {', '.join(map(str, empty))} got no samples of channel {channel.name} "
             f"({sum(s[0] for s in shares)} sample(s) for {context.world_size} rank(s)"
             f"{' split per host' if channel.sharded_by_host else ''}); add data or use fewer "
-            f"ranks" + (" or FullyReplicated" if channel.sharded_by_host else ""))
+            f"ranks" + (" or FullyReplicated" if channel.sharded_by_host else "")
+        )
     shapes = {share[2] for share in shares}
     if len(shapes) > 1:
-        raise DataError(f"channel {channel.name}: hosts disagree on the sample shape: "
-                        f"{sorted(shapes)}")
+        raise DataError(
+            f"channel {channel.name}: hosts disagree on the sample shape: {sorted(shapes)}"
+        )
     classes = sorted(set().union(*(share[1] for share in shares)))
     if len(classes) < 2:
-        raise DataError(f"channel {channel.name}: every label is {classes}; a classifier "
-                        f"needs at least two classes")
+        raise DataError(
+            f"channel {channel.name}: every label is {classes}; a classifier "
+            f"needs at least two classes"
+        )
     return sum(share[0] for share in shares), count, classes, shapes.pop()
 
 
-def feature_statistics(sync: Sync, source: Source, seed: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def feature_statistics(sync: Sync, source: Source, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean, variance) per feature over a bounded sample of every rank's share.
 
     # distributed: summed in rank order on every rank, so every rank gets identical numbers.
@@ -141,8 +152,9 @@ def feature_statistics(sync: Sync, source: Source, seed: int
     return mean.astype(np.float32), np.maximum(variance, 0).astype(np.float32)
 
 
-def validation_source(context: RankContext, config: TrainerConfig, channel: Channel,
-                      classes: list[Any]) -> tuple[Source, int]:
+def validation_source(
+    context: RankContext, config: TrainerConfig, channel: Channel, classes: list[Any]
+) -> tuple[Source, int]:
     """(this rank's share of the validation channel, or all of it when the share is empty;
     its samples)."""
     source = open_share(context, config, channel)
@@ -152,14 +164,16 @@ def validation_source(context: RankContext, config: TrainerConfig, channel: Chan
         count, labels = source.labels()
     unknown = sorted(labels - set(classes))
     if unknown:
-        raise DataError(f"channel {channel.name}: label {unknown[0]!r} never occurs in the "
-                        f"train channel (classes are {classes})")
+        raise DataError(
+            f"channel {channel.name}: label {unknown[0]!r} never occurs in the "
+            f"train channel (classes are {classes})"
+        )
     return source, count
 
 
-def compile_for_training(sync: Sync, model: keras.Model, config: TrainerConfig,
-                         plan: BatchPlan, schedule: WarmupSchedule
-                         ) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+def compile_for_training(
+    sync: Sync, model: keras.Model, config: TrainerConfig, plan: BatchPlan, schedule: WarmupSchedule
+) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """(what `fit` runs, its optimizer), compiled. # distributed: both average over ranks.
 
     How a step of `plan.accumulation_steps` micro-batches runs is the stack's (Sync.step):
@@ -168,11 +182,15 @@ def compile_for_training(sync: Sync, model: keras.Model, config: TrainerConfig,
     backward_passes_per_step, see train.accumulation), or on Keras 3 its optimizer's own
     accumulation (each micro-batch a batch of `fit`, an update every k).
     """
-    optimizer = partial(keras.optimizers.SGD, schedule, momentum=config.momentum) \
-        if config.optimizer == "sgd" else partial(keras.optimizers.Adam, schedule)
+    optimizer = (
+        partial(keras.optimizers.SGD, schedule, momentum=config.momentum)
+        if config.optimizer == "sgd"
+        else partial(keras.optimizers.Adam, schedule)
+    )
     stepper, compiled = sync.step(model, optimizer, plan.accumulation_steps)
-    stepper.compile(optimizer=compiled, loss="sparse_categorical_crossentropy",
-                    metrics=["accuracy"])
+    stepper.compile(
+        optimizer=compiled, loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
     return stepper, compiled
 
 
@@ -196,19 +214,26 @@ def verify_identical_weights(sync: Sync, model: keras.Model) -> None:
         raise RuntimeError(
             "model weights differ between ranks after training, so gradients were not "
             f"averaged (digests {', '.join(d[:12] for d in digests)}); check the "
-            "TensorFlow/Horovod versions (Keras 3 breaks Horovod's DistributedOptimizer)")
+            "TensorFlow/Horovod versions (Keras 3 breaks Horovod's DistributedOptimizer)"
+        )
 
 
-def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
-          tf_workers: tuple[str, ...] = ()) -> None:
+def train(
+    context: RankContext, config: TrainerConfig, plan: BatchPlan, tf_workers: tuple[str, ...] = ()
+) -> None:
     """Train with the config and batch plan that the launcher validated (job.rank_job): Keras 3
     on JAX for backend=jax, else over MultiWorkerMirroredStrategy when it planned
     `tf_workers`, else Horovod. The leader logs to the job's MLflow run, if any, from a thread
     of its own (job.tracking.RunLogger) and waits for it a bounded time at the end: at most
     FLUSH_SECONDS after training, not at all after a failure."""
-    tracking = RunLogger.of_environment(os.environ, lambda text: notices.warn(
-        context.paths, WARNING_FILE, text, "trainer", append=True)) \
-        if context.is_leader else None
+    tracking = (
+        RunLogger.of_environment(
+            os.environ,
+            lambda text: notices.warn(context.paths, WARNING_FILE, text, "trainer", append=True),
+        )
+        if context.is_leader
+        else None
+    )
     trained = False
     try:
         trainer = connect(context, config, plan, tf_workers, tracking)
@@ -226,21 +251,30 @@ def train(context: RankContext, config: TrainerConfig, plan: BatchPlan,
             tracking.close(FLUSH_SECONDS if trained else 0)
 
 
-def connect(context: RankContext, config: TrainerConfig, plan: BatchPlan,
-            tf_workers: tuple[str, ...], tracking: RunLogger | None) -> Trainer:
+def connect(
+    context: RankContext,
+    config: TrainerConfig,
+    plan: BatchPlan,
+    tf_workers: tuple[str, ...],
+    tracking: RunLogger | None,
+) -> Trainer:
     """The ranks joined in the stack the launcher planned, numbered as it numbered them."""
     sync = synchronise(config.backend, tf_workers, context.local_size, config.fp16_allreduce)
     if sync.size != plan.world_size:
-        raise PlatformError(f"{sync.name} sees {sync.size} ranks but the launcher planned "
-                            f"{plan.world_size}")
+        raise PlatformError(
+            f"{sync.name} sees {sync.size} ranks but the launcher planned {plan.world_size}"
+        )
     if sync.rank != context.rank:
-        raise PlatformError(f"{sync.name} numbers this process rank {sync.rank} but the "
-                            f"launcher started it as rank {context.rank}")
+        raise PlatformError(
+            f"{sync.name} numbers this process rank {sync.rank} but the "
+            f"launcher started it as rank {context.rank}"
+        )
     keras.utils.set_random_seed(config.seed)  # the same initial weights on every rank
     trainer = Trainer(context, config, plan, sync, tracking)
     layout = sync.allgather_object(f"{context.rank}@{context.host}", name="layout")
-    trainer.say(f"{sync.size} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, "
-                f"{sync.name}")
+    trainer.say(
+        f"{sync.size} rank(s): {', '.join(layout)}; TensorFlow {tf.__version__}, {sync.name}"
+    )
     trainer.mark(Mark.RANKS_UP)
     trainer.say(plan.derivation())
     return trainer
@@ -274,20 +308,35 @@ def prepare_data(trainer: Trainer) -> Data:
     with naming_bad_records([train_source]):
         mean, variance = feature_statistics(sync, train_source, config.seed + context.rank)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
-    trainer.say(f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
-                f"{steps_per_epoch} optimizer steps per epoch")
+    trainer.say(
+        f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
+        f"{steps_per_epoch} optimizer steps per epoch"
+    )
     trainer.mark(Mark.DATA_READ)
     lookup = label_lookup(classes)
 
     validation, validation_steps, sources = None, None, [train_source]
     if "validation" in channels or paths.channel("validation").is_dir():
-        source, count = validation_source(context, config, channels.get(
-            "validation", Channel("validation")), classes)
+        source, count = validation_source(
+            context, config, channels.get("validation", Channel("validation")), classes
+        )
         validation, validation_steps = sync.evaluation(
-            evaluation_input(source, lookup, plan.micro_batch), count, plan.micro_batch)
+            evaluation_input(source, lookup, plan.micro_batch), count, plan.micro_batch
+        )
         sources.append(source)
-    return Data(train_source, share, classes, shape, mean, variance, steps_per_epoch, lookup,
-                validation, validation_steps, sources)
+    return Data(
+        train_source,
+        share,
+        classes,
+        shape,
+        mean,
+        variance,
+        steps_per_epoch,
+        lookup,
+        validation,
+        validation_steps,
+        sources,
+    )
 
 
 @dataclass(frozen=True)
@@ -313,23 +362,34 @@ def build_and_compile(trainer: Trainer, data: Data) -> Built:
     config, plan, paths = trainer.config, trainer.plan, trainer.context.paths
     if use_mixed_precision(config.model):
         trainer.say("mixed precision: float16 compute, float32 variables")
-    rebuild = partial(BUILDERS[config.model], config, data.shape, len(data.classes), data.mean,
-                      data.variance)
+    rebuild = partial(
+        BUILDERS[config.model], config, data.shape, len(data.classes), data.mean, data.variance
+    )
     with trainer.sync.scope():
         model = rebuild()
         if paths.channel("weights").is_dir():
             load_initial_weights(model, initial_weights_file(paths.channel("weights")))
-        schedule = WarmupSchedule(plan.base_learning_rate, plan.learning_rate,
-                                  round(config.warmup_epochs * data.steps_per_epoch))
+        schedule = WarmupSchedule(
+            plan.base_learning_rate,
+            plan.learning_rate,
+            round(config.warmup_epochs * data.steps_per_epoch),
+        )
         stepper, optimizer = compile_for_training(trainer.sync, model, config, plan, schedule)
         optimizer.build(model.trainable_variables)
-    return Built(model, stepper, optimizer, schedule, rebuild,
-                 variables_checkpoint(model, optimizer, arrays=ON_JAX),
-                 CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints))
+    return Built(
+        model,
+        stepper,
+        optimizer,
+        schedule,
+        rebuild,
+        variables_checkpoint(model, optimizer, arrays=ON_JAX),
+        CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints),
+    )
 
 
-def resume(trainer: Trainer, data: Data, built: Built
-           ) -> tuple[JobPosition, dict[str, list[float]]]:
+def resume(
+    trainer: Trainer, data: Data, built: Built
+) -> tuple[JobPosition, dict[str, list[float]]]:
     """(where the job starts, the metric curves of its earlier runs): the leader restores the
     newest checkpoint that reads back, and every rank starts from the leader's weights and
     optimizer state."""
@@ -349,8 +409,9 @@ def resume(trainer: Trainer, data: Data, built: Built
     StopRequest.arm()
     start = sync.broadcast_object(start, name="start")
     # distributed: every rank starts from rank 0's weights and optimizer state.
-    sync.broadcast_variables(built.model.variables + built.optimizer.variables,
-                             loaded_values(built.checkpoint))
+    sync.broadcast_variables(
+        built.model.variables + built.optimizer.variables, loaded_values(built.checkpoint)
+    )
     return start, history
 
 
@@ -369,16 +430,23 @@ class Standing:
     cadence: Cadence
 
     def position(self) -> JobPosition:
-        return self.start.after(self.batches.count // self.batches_per_step,
-                                self.trainer.plan.global_batch, self.steps_per_epoch)
+        return self.start.after(
+            self.batches.count // self.batches_per_step,
+            self.trainer.plan.global_batch,
+            self.steps_per_epoch,
+        )
 
     def write(self, **state: Any) -> None:
         """The checkpoint of where the job stands (batch statistics already averaged)."""
         if self.trainer.leader:
             now = self.position()
-            self.built.store.save(self.built.checkpoint, now.epochs_done,
-                                  **now.counts(self.trainer.plan.global_batch),
-                                  history=self.history, **state)
+            self.built.store.save(
+                self.built.checkpoint,
+                now.epochs_done,
+                **now.counts(self.trainer.plan.global_batch),
+                history=self.history,
+                **state,
+            )
         elif self.trainer.sync.saves_on_every_rank:  # it must take part; only rank 0's is kept
             scratch_write(self.built.checkpoint)
 
@@ -390,29 +458,52 @@ class Standing:
         self.cadence.saved()
 
 
-def fit(trainer: Trainer, data: Data, built: Built, start: JobPosition,
-        history: dict[str, list[float]]) -> tuple[bool, Standing]:
+def fit(
+    trainer: Trainer, data: Data, built: Built, start: JobPosition, history: dict[str, list[float]]
+) -> tuple[bool, Standing]:
     """(whether a stop request ended training early, where the job stands): train from
     `start` to the end of the last epoch, saving checkpoints on the way; then check that every
     rank holds the same model."""
     config, plan, sync = trainer.config, trainer.plan, trainer.sync
     batches_per_step = sync.batches_per_step(plan.accumulation_steps)
-    standing = Standing(trainer, built, start, history, StepCount(), batches_per_step,
-                        data.steps_per_epoch,
-                        Cadence(config.checkpoint_every_minutes, leader=trainer.leader))
+    standing = Standing(
+        trainer,
+        built,
+        start,
+        history,
+        StepCount(),
+        batches_per_step,
+        data.steps_per_epoch,
+        Cadence(config.checkpoint_every_minutes, leader=trainer.leader),
+    )
     # at an optimizer step: a stop, or a checkpoint inside the epoch when one is due
     stop = StopOnRequest(batches_per_step, standing.cadence, standing.save)
-    report = EpochReport(plan.global_batch // batches_per_step, built.learning_rate, history,
-                         trainer.leader, trainer.tracking)
-    callbacks = [*sync.callbacks(),  # distributed: average epoch metrics
-                 standing.batches, stop, report,
-                 Checkpointer(standing.save, config.checkpoint_every_epochs, config.epochs),
-                 ReportProgress(batches_per_step, first_step=start.epochs_done
-                                * data.steps_per_epoch + start.steps_in_epoch)]
+    report = EpochReport(
+        plan.global_batch // batches_per_step,
+        built.learning_rate,
+        history,
+        trainer.leader,
+        trainer.tracking,
+    )
+    callbacks = [
+        *sync.callbacks(),  # distributed: average epoch metrics
+        standing.batches,
+        stop,
+        report,
+        Checkpointer(standing.save, config.checkpoint_every_epochs, config.epochs),
+        ReportProgress(
+            batches_per_step,
+            first_step=start.epochs_done * data.steps_per_epoch + start.steps_in_epoch,
+        ),
+    ]
     if trainer.leader:
-        callbacks.append(keras.callbacks.TensorBoard(
-            str(trainer.context.paths.tensorboard_dir), profile_batch=config.profiled_steps,
-            write_graph=False))
+        callbacks.append(
+            keras.callbacks.TensorBoard(
+                str(trainer.context.paths.tensorboard_dir),
+                profile_batch=config.profiled_steps,
+                write_graph=False,
+            )
+        )
 
     service = os.environ.get(DATA_SERVICE_ENV, "")
     if service:  # distributed: a heterogeneous job's data hosts produce the training input
@@ -420,49 +511,86 @@ def fit(trainer: Trainer, data: Data, built: Built, start: JobPosition,
             raise ConfigError(
                 "the data hosts serve the input of TFRecord or image channels; this train "
                 "channel is CSV or NPZ, which the ranks hold in memory: convert it to "
-                "TFRecord, or train without a data group")
+                "TFRecord, or train without a data group"
+            )
         trainer.say(f"training input served by the data hosts' tf.data service at {service}")
 
     with naming_bad_records(data.sources):
         if start.steps_in_epoch and start.epochs_done < config.epochs:
-            fit_epochs(trainer, data, built, standing, callbacks, service,  # its rest
-                       start.epochs_done + 1, data.steps_per_epoch - start.steps_in_epoch)
+            fit_epochs(
+                trainer,
+                data,
+                built,
+                standing,
+                callbacks,
+                service,  # its rest
+                start.epochs_done + 1,
+                data.steps_per_epoch - start.steps_in_epoch,
+            )
         if not stop.stopped:
-            fit_epochs(trainer, data, built, standing, callbacks, service, config.epochs,
-                       data.steps_per_epoch)
+            fit_epochs(
+                trainer,
+                data,
+                built,
+                standing,
+                callbacks,
+                service,
+                config.epochs,
+                data.steps_per_epoch,
+            )
     average_batch_statistics(sync, built.model)
     verify_identical_weights(sync, built.model)
     return stop.stopped, standing
 
 
-def fit_epochs(trainer: Trainer, data: Data, built: Built, standing: Standing,
-               callbacks: list[keras.callbacks.Callback], service: str, epochs: int,
-               steps_each: int) -> None:
+def fit_epochs(
+    trainer: Trainer,
+    data: Data,
+    built: Built,
+    standing: Standing,
+    callbacks: list[keras.callbacks.Callback],
+    service: str,
+    epochs: int,
+    steps_each: int,
+) -> None:
     """Train from where the job stands to the end of epoch `epochs`, `steps_each` steps per
     epoch, on this rank's share of the input (from the data hosts' `service`, if any)."""
     config, plan = trainer.config, trainer.plan
     now = standing.position()
     trainer.say(f"training from {now.describe()} to the end of epoch {epochs}")
     stream = training_input(
-        data.train, data.lookup, plan.per_device_batch // standing.batches_per_step, config,
-        config.seed + trainer.context.rank, augment=config.augment and len(data.shape) == 3,
-        start=stream_start(now.samples_done, plan.world_size, data.share))
-    built.stepper.fit(trainer.sync.distribute(served(stream, service) if service else stream),
-                      steps_per_epoch=steps_each * standing.batches_per_step, epochs=epochs,
-                      initial_epoch=now.epochs_done,
-                      validation_data=data.validation, validation_steps=data.validation_steps,
-                      callbacks=callbacks, verbose=0)
+        data.train,
+        data.lookup,
+        plan.per_device_batch // standing.batches_per_step,
+        config,
+        config.seed + trainer.context.rank,
+        augment=config.augment and len(data.shape) == 3,
+        start=stream_start(now.samples_done, plan.world_size, data.share),
+    )
+    built.stepper.fit(
+        trainer.sync.distribute(served(stream, service) if service else stream),
+        steps_per_epoch=steps_each * standing.batches_per_step,
+        epochs=epochs,
+        initial_epoch=now.epochs_done,
+        validation_data=data.validation,
+        validation_steps=data.validation_steps,
+        callbacks=callbacks,
+        verbose=0,
+    )
 
 
 def keep_stopped(trainer: Trainer, standing: Standing) -> None:
     """A stopped job's checkpoint, for the restarted job to resume at the step it stopped."""
     standing.write(interrupted=True)  # fit averaged the statistics
-    trainer.say(stopped_line(f"checkpoint saved in {trainer.context.paths.checkpoint_dir}; a "
-                             f"restarted job resumes at {standing.position().describe()}"))
+    trainer.say(
+        stopped_line(
+            f"checkpoint saved in {trainer.context.paths.checkpoint_dir}; a "
+            f"restarted job resumes at {standing.position().describe()}"
+        )
+    )
 
 
-def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[float]]
-           ) -> None:
+def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[float]]) -> None:
     """The leader writes the model for serving, the curves and the RESULT line (every rank
     takes part in getting the model out of the stack)."""
     config, plan, sync = trainer.config, trainer.plan, trainer.sync
@@ -471,15 +599,28 @@ def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[f
         return
     paths = trainer.context.paths
     final = {k: v[-1] for k, v in history.items()} if history else {}
-    exported = export_model(exportable, paths.model_dir, classes=data.classes, info={
-        "feature_count": int(np.prod(data.shape)), "model": config.model,
-        "epochs": config.epochs, "world_size": sync.size,
-        "global_batch": plan.global_batch, "final_metrics": final,
-        "tensorflow": tf.__version__, **({"keras": keras.__version__} if ON_JAX else {})})
+    exported = export_model(
+        exportable,
+        paths.model_dir,
+        classes=data.classes,
+        info={
+            "feature_count": int(np.prod(data.shape)),
+            "model": config.model,
+            "epochs": config.epochs,
+            "world_size": sync.size,
+            "global_batch": plan.global_batch,
+            "final_metrics": final,
+            "tensorflow": tf.__version__,
+            **({"keras": keras.__version__} if ON_JAX else {}),
+        },
+    )
     if history:
         write_history(history, paths.output_data_dir)
-    summary = " ".join(f"{k}={v:.4f}" for k, v in final.items()
-                       if k in ("loss", "accuracy", "val_loss", "val_accuracy"))
+    summary = " ".join(
+        f"{k}={v:.4f}"
+        for k, v in final.items()
+        if k in ("loss", "accuracy", "val_loss", "val_accuracy")
+    )
     emit(f"RESULT {summary} model={exported}")
     if trainer.tracking:
         trainer.tracking.log(tags={"model.location": exported})

@@ -18,20 +18,23 @@ def test_busbw_is_nccl_tests_definition():
 
 
 def test_full_sizes_span_4_kb_to_256_mb_and_target_starts_at_4_mb():
-    assert FULL.allreduce_bytes[0] == 4 * 1024 and FULL.allreduce_bytes[-1] == 256 * 1024 ** 2
-    assert allreduce.TARGET_FROM == 4 * 1024 ** 2
+    assert FULL.allreduce_bytes[0] == 4 * 1024 and FULL.allreduce_bytes[-1] == 256 * 1024**2
+    assert allreduce.TARGET_FROM == 4 * 1024**2
     assert allreduce.iterations_for(1e-7, 0.05) == allreduce.MAX_ITERATIONS
     assert allreduce.iterations_for(2.0, 0.05) == 1  # one call when a call is slow
     assert allreduce.iterations_for(0.001, 0.05) == 50
 
 
-@pytest.mark.parametrize("subject, operator, threshold, value, ratio, expected", [
-    ("ratio", ">=", 0.9, 90.0, 0.9, True),
-    ("ratio", ">=", 0.9, 89.0, 0.89, False),
-    ("value", "<=", 5.0, 5.0, None, True),
-    ("value", "<=", 3.0, 3.5, 0.1, False),
-    ("ratio", ">=", 10.0, None, None, None),
-])
+@pytest.mark.parametrize(
+    "subject, operator, threshold, value, ratio, expected",
+    [
+        ("ratio", ">=", 0.9, 90.0, 0.9, True),
+        ("ratio", ">=", 0.9, 89.0, 0.89, False),
+        ("value", "<=", 5.0, 5.0, None, True),
+        ("value", "<=", 3.0, 3.5, 0.1, False),
+        ("ratio", ">=", 10.0, None, None, None),
+    ],
+)
 def test_target_met(subject, operator, threshold, value, ratio, expected):
     assert Target(subject, operator, threshold).met(value, ratio) is expected
 
@@ -42,9 +45,16 @@ def test_target_rejects_unknown_operator_naming_the_valid_ones():
 
 
 def test_measurement_ratio_met_and_json():
-    row = Measurement(item=2, metric="scaling", unit="samples/s", value=1800.0,
-                      reference=2000.0, reference_name="2 x 1 rank",
-                      target=Target("ratio", ">=", 0.9), samples=(1700.0, 1800.0, 1900.0))
+    row = Measurement(
+        item=2,
+        metric="scaling",
+        unit="samples/s",
+        value=1800.0,
+        reference=2000.0,
+        reference_name="2 x 1 rank",
+        target=Target("ratio", ">=", 0.9),
+        samples=(1700.0, 1800.0, 1900.0),
+    )
     assert row.ratio == pytest.approx(0.9) and row.met is True
     data = json.loads(json.dumps(row.as_json()))
     assert data["ratio"] == pytest.approx(0.9) and data["met"] is True
@@ -53,14 +63,36 @@ def test_measurement_ratio_met_and_json():
 
 
 def test_tables_have_one_line_per_row_and_the_columns():
-    rows = [Measurement(item=1, metric="allreduce busbw 4 MB", unit="GB/s", value=1.5,
-                        reference=2.0, reference_name="MPI_Allreduce",
-                        target=Target("ratio", ">=", 0.9)),
-            Measurement(item=4, metric="teardown", unit="s", value=2.0, reference=30.0,
-                        target=Target("value", "<=", 3.0))]
+    rows = [
+        Measurement(
+            item=1,
+            metric="allreduce busbw 4 MB",
+            unit="GB/s",
+            value=1.5,
+            reference=2.0,
+            reference_name="MPI_Allreduce",
+            target=Target("ratio", ">=", 0.9),
+        ),
+        Measurement(
+            item=4,
+            metric="teardown",
+            unit="s",
+            value=2.0,
+            reference=30.0,
+            target=Target("value", "<=", 3.0),
+        ),
+    ]
     text = text_table(rows).splitlines()
-    assert text[0].split() == ["#", "metric", "this", "project", "reference", "ratio", "target",
-                               "met"]
+    assert text[0].split() == [
+        "#",
+        "metric",
+        "this",
+        "project",
+        "reference",
+        "ratio",
+        "target",
+        "met",
+    ]
     assert len(text) == 2 + len(rows)
     assert "0.75" in text[2] and text[2].rstrip().endswith("NO")
     assert "value <= 3 s" in text[3] and text[3].rstrip().endswith("yes")
@@ -70,30 +102,39 @@ def test_tables_have_one_line_per_row_and_the_columns():
 
 
 def test_report_records_machine_and_rows():
-    data = report([Measurement(item=6, metric="rss", unit="MB", value=1.0)], tiny=True,
-                  started=0.0, notes=["shared machine"])
+    data = report(
+        [Measurement(item=6, metric="rss", unit="MB", value=1.0)],
+        tiny=True,
+        started=0.0,
+        notes=["shared machine"],
+    )
     assert data["tiny"] is True and data["machine"]["cpus"] >= 1
     assert data["measurements"][0]["metric"] == "rss" and data["notes"] == ["shared machine"]
 
 
 def test_parse_metrics_reads_the_trainers_lines():
-    output = ("[1,0]<stdout>:trainer: 2 rank(s)\n"
-              "[1,0]<stdout>:METRICS epoch=1 loss=2.3 accuracy=0.1 lr=0.001 "
-              "samples_per_sec=100\n"
-              "[1,0]<stdout>:METRICS epoch=2 loss=1.5 accuracy=0.5 lr=0.001 "
-              "samples_per_sec=250.5\n")
+    output = (
+        "[1,0]<stdout>:trainer: 2 rank(s)\n"
+        "[1,0]<stdout>:METRICS epoch=1 loss=2.3 accuracy=0.1 lr=0.001 "
+        "samples_per_sec=100\n"
+        "[1,0]<stdout>:METRICS epoch=2 loss=1.5 accuracy=0.5 lr=0.001 "
+        "samples_per_sec=250.5\n"
+    )
     epochs = jobs.parse_metrics(output)
     assert [e["epoch"] for e in epochs] == [1.0, 2.0]
     run = jobs.TrainRun(seconds=1.0, epochs=epochs)
     assert run.steady_samples_per_sec() == [250.5]  # the first epoch includes tracing
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2026-01-02T03:04:05Z", 1767323045.0),
-    ("2026-01-02T03:04:05.123456789Z", 1767323045.123456789),
-    ("2026-01-02T04:04:05.5+01:00", 1767323045.5),
-    ("2026-01-02T03:04:05.25+00:00 METRICS epoch=1", 1767323045.25),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2026-01-02T03:04:05Z", 1767323045.0),
+        ("2026-01-02T03:04:05.123456789Z", 1767323045.123456789),
+        ("2026-01-02T04:04:05.5+01:00", 1767323045.5),
+        ("2026-01-02T03:04:05.25+00:00 METRICS epoch=1", 1767323045.25),
+    ],
+)
 def test_parse_timestamp_keeps_nanoseconds(text, expected):
     assert cluster.parse_timestamp(text) == pytest.approx(expected, abs=1e-6)
 
@@ -104,19 +145,30 @@ def test_parse_timestamp_rejects_other_text():
 
 
 def test_timeline_from_the_leaders_lines():
-    lines = [(10.0, "TRAIN-MARK hosts_ready\n"), (10.1, "launcher: all 2 hosts ready\n"),
-             (14.0, "[1,0]<stdout>:TRAIN-MARK ranks_up\n"),
-             (14.5, "[1,0]<stdout>:TRAIN-MARK data_read\n"),
-             (18.0, "[1,0]<stdout>:METRICS epoch=1 loss=1\n"), (18.2, "METRICS epoch=2 loss=1\n"),
-             (19.0, "[1,0]<stdout>:TRAIN-MARK model_exported\n"),
-             (19.2, "[1,0]<stdout>:TRAIN-MARK model_exported\n"),  # only the first counts
-             (19.5, "TRAIN-MARK job_done\n"), (19.6, "TRAIN-MARK no_such_mark\n")]
+    lines = [
+        (10.0, "TRAIN-MARK hosts_ready\n"),
+        (10.1, "launcher: all 2 hosts ready\n"),
+        (14.0, "[1,0]<stdout>:TRAIN-MARK ranks_up\n"),
+        (14.5, "[1,0]<stdout>:TRAIN-MARK data_read\n"),
+        (18.0, "[1,0]<stdout>:METRICS epoch=1 loss=1\n"),
+        (18.2, "METRICS epoch=2 loss=1\n"),
+        (19.0, "[1,0]<stdout>:TRAIN-MARK model_exported\n"),
+        (19.2, "[1,0]<stdout>:TRAIN-MARK model_exported\n"),  # only the first counts
+        (19.5, "TRAIN-MARK job_done\n"),
+        (19.6, "TRAIN-MARK no_such_mark\n"),
+    ]
     steps, marks = cluster.mark_times(lines)
     assert steps == [18.0, 18.2]
-    assert marks == {"hosts_ready": 10.0, "ranks_up": 14.0, "data_read": 14.5,
-                     "model_exported": 19.0, "job_done": 19.5}
-    timeline = cluster.Timeline(hosts_started=[9.0, 9.5], hosts_exited=[20.0, 20.5],
-                                steps=steps, marks=marks)
+    assert marks == {
+        "hosts_ready": 10.0,
+        "ranks_up": 14.0,
+        "data_read": 14.5,
+        "model_exported": 19.0,
+        "job_done": 19.5,
+    }
+    timeline = cluster.Timeline(
+        hosts_started=[9.0, 9.5], hosts_exited=[20.0, 20.5], steps=steps, marks=marks
+    )
     assert timeline.startup() == pytest.approx(9.0)
     assert timeline.teardown() == pytest.approx(2.3)
     breakdown = timeline.breakdown()
@@ -140,7 +192,14 @@ def test_trainer_jobs_fix_one_thread_and_switch_off_checkpoints():
 
 def test_bench_config_names_the_valid_items():
     with pytest.raises(ValueError, match=r"Unknown item\(s\): \[8\]. Choose between 1, 2, 3"):
-        BenchConfig(tiny=True, items=(1, 8), results=None, workdir=None, cluster_mode="auto",
-                    image="x", mpi_options="")
+        BenchConfig(
+            tiny=True,
+            items=(1, 8),
+            results=None,
+            workdir=None,
+            cluster_mode="auto",
+            image="x",
+            mpi_options="",
+        )
     with pytest.raises(SystemExit):
         parse_arguments(["--cluster", "kubernetes"])

@@ -19,10 +19,25 @@ BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when i
 def tiny_run(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--tiny", "--cluster", "loopback",
-         "--only", ",".join(map(str, sorted(ITEMS))),
-         "--results", str(results), "--workdir", str(tmp_path_factory.mktemp("work"))],
-        cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--tiny",
+            "--cluster",
+            "loopback",
+            "--only",
+            ",".join(map(str, sorted(ITEMS))),
+            "--results",
+            str(results),
+            "--workdir",
+            str(tmp_path_factory.mktemp("work")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=BENCH_TIMEOUT,
+    )
     return done, results
 
 
@@ -72,8 +87,7 @@ def test_each_item_measured_what_it_says(tiny_run):
     assert capacity["details"]["pair"]["copies"] == 2
     assert capacity["value"] == scaling["value"]
     accumulation, ceiling = by_item[3]
-    assert accumulation["details"]["accumulated"]["hyperparameters"]["max_device_batch_size"] \
-        == "8"
+    assert accumulation["details"]["accumulated"]["hyperparameters"]["max_device_batch_size"] == "8"
     assert ceiling["details"]["micro_batch"] == 8 and ceiling["details"]["onednn"] == "1"
     assert ceiling["details"]["shapes"] == [[8, 16], [16, 10]]  # the tiny MLP's layers
     startup, teardown = by_item[4]
@@ -81,8 +95,10 @@ def test_each_item_measured_what_it_says(tiny_run):
     breakdown = startup["details"]["breakdown_seconds"]
     assert "first host started -> hosts_ready" in breakdown
     assert teardown["value"] >= 0
-    assert {row["metric"].split(",")[0] for row in by_item[5]} == \
-        {"channel reader", "tf.data training_input"}
+    assert {row["metric"].split(",")[0] for row in by_item[5]} == {
+        "channel reader",
+        "tf.data training_input",
+    }
     scale, image, parity = by_item[7]
     channel_mb = scale["details"]["channel_mb"]
     assert 3.5 < channel_mb["4x"] / channel_mb["1x"] < 4.5  # the larger channel is 4x
@@ -91,8 +107,9 @@ def test_each_item_measured_what_it_says(tiny_run):
     restart, lost = by_item[10]
     assert restart["details"]["reported_before_restart"] >= 10  # killed after epoch 10
     assert 0 < restart["details"]["kill_to_restart_line"] < restart["value"]
-    assert lost["value"] == restart["details"]["reported_before_restart"] - \
-        (restart["details"]["resumed_at_epoch"] - 1)
+    assert lost["value"] == restart["details"]["reported_before_restart"] - (
+        restart["details"]["resumed_at_epoch"] - 1
+    )
     assert 0 <= lost["value"] <= 4  # checkpoints every 4 steps
     [served] = by_item[11]
     assert served["details"]["local"] and served["details"]["served"]  # both, one process

@@ -9,8 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from bench.serving import (BASELINE, SERVE, Result, _percentile_ms, baseline_app, csv_row,
-                           measurements)
+from bench.serving import (
+    BASELINE,
+    SERVE,
+    Result,
+    _percentile_ms,
+    baseline_app,
+    csv_row,
+    measurements,
+)
 from tests.serve.serve_testing import CLASSES, INSTANCES, expected_probabilities, write_model
 
 
@@ -24,8 +31,11 @@ def test_the_baseline_answers_what_the_model_computes(tmp_path):
     expected = expected_probabilities(INSTANCES)
     np.testing.assert_allclose([p["probabilities"] for p in predictions], expected, rtol=1e-5)
     assert [p["class"] for p in predictions] == [CLASSES[i] for i in expected.argmax(axis=1)]
-    refused = client.post("/invocations", data=json.dumps({"instances": INSTANCES}),
-                          headers={"Content-Type": "application/json"})
+    refused = client.post(
+        "/invocations",
+        data=json.dumps({"instances": INSTANCES}),
+        headers={"Content-Type": "application/json"},
+    )
     assert refused.status_code == 415
     assert client.get("/ping").status_code == 200
 
@@ -52,11 +62,21 @@ def result(requests_per_s: float, p99_ms: float, non_2xx: int = 0) -> Result:
 
 
 def test_each_cell_is_judged_against_its_targets():
-    rows = {row.metric: row for row in measurements({
-        "mlp": {1: {SERVE: result(990, 3.0), BASELINE: result(1000, 2.5)},
-                8: {SERVE: result(2000, 16.0, non_2xx=1), BASELINE: result(1500, 10.0)}},
-        "cnn": {32: {SERVE: result(700, 50.0), BASELINE: result(300, 120.0)},
-                64: {SERVE: result(500, 130.0), BASELINE: result(400, 120.0)}}})}
+    rows = {
+        row.metric: row
+        for row in measurements(
+            {
+                "mlp": {
+                    1: {SERVE: result(990, 3.0), BASELINE: result(1000, 2.5)},
+                    8: {SERVE: result(2000, 16.0, non_2xx=1), BASELINE: result(1500, 10.0)},
+                },
+                "cnn": {
+                    32: {SERVE: result(700, 50.0), BASELINE: result(300, 120.0)},
+                    64: {SERVE: result(500, 130.0), BASELINE: result(400, 120.0)},
+                },
+            }
+        )
+    }
     assert rows["serve mlp c=1 throughput"].met is False  # 0.99x, target 1.0x
     assert rows["serve mlp c=1 p99"].met is True  # 1.2x, target 1.5x
     assert rows["serve mlp c=8 throughput"].met is True

@@ -40,18 +40,29 @@ def launch(root: Path, dry_run: bool = False) -> int:
     return train_cli.launch(MlPaths(root), dry_run=dry_run)
 
 
-@pytest.mark.parametrize("hyperparameters, named", [
-    ({"program": "train.py"}, "hyperparameter program"),
-    ({"sagemaker_program": '"train.py"'}, "hyperparameter sagemaker_program"),
-    ({"submit_directory": "s3://bucket/src/sourcedir.tar.gz"}, "hyperparameter submit_directory"),
-    ({"sagemaker_submit_directory": '"file:///opt/ml/code"'},
-     "hyperparameter sagemaker_submit_directory"),
-    ({"mpi_options": "-x LD_PRELOAD=/opt/ml/code/x.so"}, "hyperparameter mpi_options"),
-    ({"sagemaker_mpi_custom_mpi_options": "--mca plm_rsh_agent sh"},
-     "hyperparameter sagemaker_mpi_custom_mpi_options"),
-])
-def test_hyperparameters_that_run_the_jobs_code_are_refused(make_job, marker, capsys,
-                                                            hyperparameters, named):
+@pytest.mark.parametrize(
+    "hyperparameters, named",
+    [
+        ({"program": "train.py"}, "hyperparameter program"),
+        ({"sagemaker_program": '"train.py"'}, "hyperparameter sagemaker_program"),
+        (
+            {"submit_directory": "s3://bucket/src/sourcedir.tar.gz"},
+            "hyperparameter submit_directory",
+        ),
+        (
+            {"sagemaker_submit_directory": '"file:///opt/ml/code"'},
+            "hyperparameter sagemaker_submit_directory",
+        ),
+        ({"mpi_options": "-x LD_PRELOAD=/opt/ml/code/x.so"}, "hyperparameter mpi_options"),
+        (
+            {"sagemaker_mpi_custom_mpi_options": "--mca plm_rsh_agent sh"},
+            "hyperparameter sagemaker_mpi_custom_mpi_options",
+        ),
+    ],
+)
+def test_hyperparameters_that_run_the_jobs_code_are_refused(
+    make_job, marker, capsys, hyperparameters, named
+):
     root = with_code(make_job(hyperparameters))
     assert launch(root) == 2
     reason = failure_of(root)
@@ -61,12 +72,16 @@ def test_hyperparameters_that_run_the_jobs_code_are_refused(make_job, marker, ca
     assert not (root / "code" / "ran").exists()
 
 
-@pytest.mark.parametrize("variable, value", [
-    ("SAGEMAKER_PROGRAM", "train.py"),
-    ("SAGEMAKER_SUBMIT_DIRECTORY", "s3://bucket/src/sourcedir.tar.gz"),
-])
-def test_the_environment_variables_of_script_mode_are_refused(make_job, marker, monkeypatch,
-                                                              variable, value):
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("SAGEMAKER_PROGRAM", "train.py"),
+        ("SAGEMAKER_SUBMIT_DIRECTORY", "s3://bucket/src/sourcedir.tar.gz"),
+    ],
+)
+def test_the_environment_variables_of_script_mode_are_refused(
+    make_job, marker, monkeypatch, variable, value
+):
     root = with_code(make_job({}))
     monkeypatch.setenv(variable, value)
     assert launch(root) == 2
@@ -75,8 +90,9 @@ def test_the_environment_variables_of_script_mode_are_refused(make_job, marker, 
 
 def test_sdk3_source_code_is_refused(make_job, marker):
     root = make_job({"epochs": "1"})
-    code = sdk3_files(root, distributed={"process_count_per_node": 1,
-                                         "mpi_additional_options": ["-x", "A=1"]})
+    code = sdk3_files(
+        root, distributed={"process_count_per_node": 1, "mpi_additional_options": ["-x", "A=1"]}
+    )
     (code / "train.py").write_text(SCRIPT)
     assert launch(root) == 2
     reason = failure_of(root)
@@ -89,8 +105,10 @@ def test_every_way_given_at_once_is_named(make_script_job, marker, monkeypatch):
     root = make_script_job("train.py", {"mpi_options": "-x A=1"}, SCRIPT)
     monkeypatch.setenv("SAGEMAKER_SUBMIT_DIRECTORY", "s3://bucket/src.tar.gz")
     assert launch(root) == 2
-    assert ("leave out hyperparameter sagemaker_program, hyperparameter mpi_options, "
-            "environment variable SAGEMAKER_SUBMIT_DIRECTORY;") in failure_of(root)
+    assert (
+        "leave out hyperparameter sagemaker_program, hyperparameter mpi_options, "
+        "environment variable SAGEMAKER_SUBMIT_DIRECTORY;"
+    ) in failure_of(root)
 
 
 def test_the_builtin_trainer_and_empty_values_still_run(make_job, marker, capsys):

@@ -13,9 +13,9 @@ import pytest
 
 from container import coordination
 from container.coordination import Leader, follow_leader
-from job.errors import PlatformError
 from container.failure import Outcome
 from container.network import free_port
+from job.errors import PlatformError
 from job.protocol import FailureKind
 from tests.waiting import eventually
 
@@ -25,8 +25,13 @@ FAILED = Outcome.failed(FailureKind.CONFIG, "rank 1 on host 127.0.0.2 failed (co
 
 
 def start_leader(port, workers=WORKERS, heartbeat_timeout=2):
-    return Leader(address=LEADER, port=port, workers=workers, public_key="ssh-ed25519 AAAA job",
-                  heartbeat_timeout=heartbeat_timeout)
+    return Leader(
+        address=LEADER,
+        port=port,
+        workers=workers,
+        public_key="ssh-ed25519 AAAA job",
+        heartbeat_timeout=heartbeat_timeout,
+    )
 
 
 def succeed(leader, threads, ready_within: float) -> None:
@@ -38,8 +43,12 @@ def succeed(leader, threads, ready_within: float) -> None:
 
 
 def follow(port, host, results, **overrides):
-    options = dict(address=host, leader_timeout=10, heartbeat_timeout=2,
-                   on_key=lambda key: f"hostkey-of-{host}-for-{key}")
+    options = dict(
+        address=host,
+        leader_timeout=10,
+        heartbeat_timeout=2,
+        on_key=lambda key: f"hostkey-of-{host}-for-{key}",
+    )
     options.update(overrides)
     try:
         results[host] = follow_leader(LEADER, port, host, **options)
@@ -51,6 +60,7 @@ def start_worker(port, host, results, delay=0.0, **overrides):
     def run():
         time.sleep(delay)
         follow(port, host, results, **overrides)
+
     thread = threading.Thread(target=run)
     thread.start()
     return thread
@@ -88,8 +98,10 @@ def test_a_worker_ready_long_before_the_last_one_keeps_waiting():
     # first contact, not when every worker is ready.
     port, results = free_port(), {}
     leader = start_leader(port)
-    threads = [start_worker(port, "127.0.0.2", results),
-               start_worker(port, "127.0.0.3", results, delay=4)]
+    threads = [
+        start_worker(port, "127.0.0.2", results),
+        start_worker(port, "127.0.0.3", results, delay=4),
+    ]
     succeed(leader, threads, ready_within=20)
     assert results == {host: Outcome.success() for host in WORKERS}
 
@@ -107,13 +119,17 @@ def test_worker_gives_up_naming_a_leader_that_never_came():
     port, results = free_port(), {}
     follow(port, "127.0.0.2", results, leader_timeout=1.5)
     assert isinstance(results["127.0.0.2"], PlatformError)
-    assert f"the leader 127.0.0.1 never answered on port {port} within 1.5 s" in str(results["127.0.0.2"])
+    assert f"the leader 127.0.0.1 never answered on port {port} within 1.5 s" in str(
+        results["127.0.0.2"]
+    )
 
 
 def test_a_worker_after_the_leader_gave_up_fails_naming_it():
     port, results = free_port(), {}
     leader = start_leader(port)
-    with pytest.raises(PlatformError, match="never reported ready within 1 s: 127.0.0.2, 127.0.0.3"):
+    with pytest.raises(
+        PlatformError, match="never reported ready within 1 s: 127.0.0.2, 127.0.0.3"
+    ):
         leader.wait_ready(timeout=1)
     leader.finish(Outcome.failed(FailureKind.CLUSTER, "workers missing"))
     follow(port, "127.0.0.2", results, leader_timeout=2)
@@ -124,7 +140,9 @@ def test_leader_names_the_workers_that_never_came():
     port, results = free_port(), {}
     leader = start_leader(port, workers=["127.0.0.2", "127.0.0.3", "127.0.0.4"])
     thread = start_worker(port, "127.0.0.3", results)
-    with pytest.raises(PlatformError, match="never reported ready within 1 s: 127.0.0.2, 127.0.0.4"):
+    with pytest.raises(
+        PlatformError, match="never reported ready within 1 s: 127.0.0.2, 127.0.0.4"
+    ):
         leader.wait_ready(timeout=1)
     outcome = Outcome.failed(FailureKind.CLUSTER, "workers missing")
     leader.finish(outcome)
@@ -155,9 +173,18 @@ def test_silent_leader_is_detected_by_heartbeat_timeout():
         time.sleep(10)
 
     threading.Thread(target=silent, daemon=True).start()
-    with pytest.raises(PlatformError, match="lost contact with the leader 127.0.0.1: silent for 2 s"):
-        follow_leader(LEADER, port, "127.0.0.2", address="127.0.0.2", leader_timeout=5,
-                      heartbeat_timeout=2, on_key=lambda key: "hostkey")
+    with pytest.raises(
+        PlatformError, match="lost contact with the leader 127.0.0.1: silent for 2 s"
+    ):
+        follow_leader(
+            LEADER,
+            port,
+            "127.0.0.2",
+            address="127.0.0.2",
+            leader_timeout=5,
+            heartbeat_timeout=2,
+            on_key=lambda key: "hostkey",
+        )
     server.close()
 
 
@@ -166,8 +193,9 @@ def test_a_worker_that_goes_silent_before_the_job_starts_is_named():
     leader = start_leader(port, workers=["127.0.0.2", "127.0.0.3"])
     with stranger(port, source="127.0.0.2") as fake:  # the real address, but it never pings
         fake.sendall(b"HELLO 127.0.0.2\n")
-        with pytest.raises(PlatformError, match="worker 127.0.0.2 could not get ready: it went "
-                                                "silent for 2 s"):
+        with pytest.raises(
+            PlatformError, match="worker 127.0.0.2 could not get ready: it went silent for 2 s"
+        ):
             leader.wait_ready(timeout=30)
     leader.finish(Outcome.failed(FailureKind.CLUSTER, "lost"))
 
@@ -290,17 +318,27 @@ def test_a_stranger_is_refused_at_once_while_the_name_service_stalls(monkeypatch
 
 
 def test_port_in_use_is_a_clear_error():
-    with socket.create_server((LEADER, 0)) as taken:
-        with pytest.raises(PlatformError, match="cannot listen on coordinator port"):
-            Leader(address=LEADER, port=taken.getsockname()[1], workers=["127.0.0.2"],
-                   public_key="key", heartbeat_timeout=2)
+    with (
+        socket.create_server((LEADER, 0)) as taken,
+        pytest.raises(PlatformError, match="cannot listen on coordinator port"),
+    ):
+        Leader(
+            address=LEADER,
+            port=taken.getsockname()[1],
+            workers=["127.0.0.2"],
+            public_key="key",
+            heartbeat_timeout=2,
+        )
 
 
 def test_unresolvable_hosts_are_named_and_the_leader_marked():
     from container.network import wait_resolvable
 
-    with pytest.raises(PlatformError, match=r"these host names did not resolve within 1 s: "
-                                            r"algo-1\.invalid \(the leader\), algo-3\.invalid"):
+    with pytest.raises(
+        PlatformError,
+        match=r"these host names did not resolve within 1 s: "
+        r"algo-1\.invalid \(the leader\), algo-3\.invalid",
+    ):
         wait_resolvable(["algo-1.invalid", "localhost", "algo-3.invalid"], "algo-1.invalid", 1)
 
 
@@ -336,12 +374,20 @@ def test_a_worker_lost_while_the_job_runs_is_the_root_cause_of_its_failure():
         assert worker.recv(1000).startswith(b"KEY ")
         worker.sendall(b"READY hostkey\n")
         leader.wait_ready(timeout=10)
-    rank_error = Outcome.failed(FailureKind.RANK, "rank 0 on host 127.0.0.1 failed (exit code "
-                                "1): UnavailableError: Connection reset by peer")
-    eventually(lambda: leader.root_cause(rank_error) != rank_error,  # the close: at once
-               "the closed connection was never noticed")
-    assert leader.root_cause(rank_error) == Outcome.failed(FailureKind.CLUSTER, (
-        "lost contact with host 127.0.0.2: it closed the connection (host killed, out of memory "
-        "or network down); the job on every host was stopped"))
+    rank_error = Outcome.failed(
+        FailureKind.RANK,
+        "rank 0 on host 127.0.0.1 failed (exit code 1): UnavailableError: Connection reset by peer",
+    )
+    eventually(
+        lambda: leader.root_cause(rank_error) != rank_error,  # the close: at once
+        "the closed connection was never noticed",
+    )
+    assert leader.root_cause(rank_error) == Outcome.failed(
+        FailureKind.CLUSTER,
+        (
+            "lost contact with host 127.0.0.2: it closed the connection (host killed, out of memory "
+            "or network down); the job on every host was stopped"
+        ),
+    )
     assert leader.root_cause(Outcome.success()) == Outcome.success()
     leader.finish(rank_error)

@@ -29,22 +29,51 @@ KINDS = [kind.value for kind in FailureKind] + ["ok"]
 
 texts = st.one_of(
     st.text(max_size=20),
-    st.text(st.sampled_from(["a", "1", " ", "\x00", "\r", "\t", "é", "\ud800", "\"", "\\"]),
-            max_size=10))
+    st.text(
+        st.sampled_from(["a", "1", " ", "\x00", "\r", "\t", "é", "\ud800", '"', "\\"]), max_size=10
+    ),
+)
 reasons = st.one_of(
     texts.map(json.dumps),
-    st.sampled_from([DEEP, "[1]", "null", "3", "NaN", "{\"a\": 1}", "\"unclosed", "",
-                     "\"x\" trailing"]),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | texts,
-                 lambda inner: st.lists(inner, max_size=3), max_leaves=6).map(json.dumps))
-codes = st.one_of(st.integers(-300, 300).map(str),
-                  st.sampled_from(["", "0", "1", "2", "143", "255", "256", "-1", "1" * 5000,
-                                   "99999999999999999999", "1.0", " 1", "+1", "\u0661", "1_0"]))
-outcome_lines = st.builds(lambda verb, code, kind, reason, gaps: verb + gaps[0] + code + gaps[1]
-                          + kind + gaps[2] + reason,
-                          st.sampled_from(["ENDED ", "EXIT "]), codes,
-                          st.sampled_from(KINDS) | texts, reasons,
-                          st.tuples(*[st.sampled_from([" ", " ", "", "  "])] * 3))
+    st.sampled_from([DEEP, "[1]", "null", "3", "NaN", '{"a": 1}', '"unclosed', "", '"x" trailing']),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | texts,
+        lambda inner: st.lists(inner, max_size=3),
+        max_leaves=6,
+    ).map(json.dumps),
+)
+codes = st.one_of(
+    st.integers(-300, 300).map(str),
+    st.sampled_from(
+        [
+            "",
+            "0",
+            "1",
+            "2",
+            "143",
+            "255",
+            "256",
+            "-1",
+            "1" * 5000,
+            "99999999999999999999",
+            "1.0",
+            " 1",
+            "+1",
+            "\u0661",
+            "1_0",
+        ]
+    ),
+)
+outcome_lines = st.builds(
+    lambda verb, code, kind, reason, gaps: (
+        verb + gaps[0] + code + gaps[1] + kind + gaps[2] + reason
+    ),
+    st.sampled_from(["ENDED ", "EXIT "]),
+    codes,
+    st.sampled_from(KINDS) | texts,
+    reasons,
+    st.tuples(*[st.sampled_from([" ", " ", "", "  "])] * 3),
+)
 
 
 def assert_well_formed(outcome: Outcome) -> None:
@@ -57,8 +86,8 @@ def assert_well_formed(outcome: Outcome) -> None:
 
 @example(line=f"ENDED 1 config {DEEP}")  # RecursionError: "internal error serving 127.0.0.2"
 @example(line="ENDED 1 config [1]")  # a reason that is not text
-@example(line="ENDED 99999999999999999999 config \"x\"")  # no process exits with that code
-@example(line="ENDED 0 ok \"x\"")  # a data host's failure that would end the job with 0
+@example(line='ENDED 99999999999999999999 config "x"')  # no process exits with that code
+@example(line='ENDED 0 ok "x"')  # a data host's failure that would end the job with 0
 @fuzz("coordinator: ENDED/EXIT outcome codec", max_examples=1000, line=outcome_lines | texts)
 def test_an_outcome_line_is_read_whole_or_refused(line):
     try:
@@ -70,11 +99,16 @@ def test_an_outcome_line_is_read_whole_or_refused(line):
 
 outcomes = st.one_of(
     st.just(Outcome.success()),
-    st.builds(Outcome.failed, st.sampled_from(FailureKind), texts, st.integers(1, 255)))
+    st.builds(Outcome.failed, st.sampled_from(FailureKind), texts, st.integers(1, 255)),
+)
 
 
-@fuzz("coordinator: outcome round trip", max_examples=300, outcome=outcomes,
-      verb=st.sampled_from(["EXIT", "ENDED"]))
+@fuzz(
+    "coordinator: outcome round trip",
+    max_examples=300,
+    outcome=outcomes,
+    verb=st.sampled_from(["EXIT", "ENDED"]),
+)
 def test_every_outcome_the_leader_sends_reads_back_the_same(outcome, verb):
     assert _outcome(_exit_line(outcome, verb)) == outcome
 
@@ -86,12 +120,17 @@ def raw_line(text: str) -> bytes:
 # Lines as a peer might send them: the protocol's verbs with anything after them, the
 # outcome lines above, bytes that are not UTF-8, a line past MAX_LINE.
 peer_lines = st.one_of(
-    st.builds(lambda verb, rest: raw_line(verb + rest),
-              st.sampled_from(["HELLO ", "READY ", "FAIL ", "PING", "BYE", "KEY ", "READY",
-                               "hello ", "EXIT "]), texts),
+    st.builds(
+        lambda verb, rest: raw_line(verb + rest),
+        st.sampled_from(
+            ["HELLO ", "READY ", "FAIL ", "PING", "BYE", "KEY ", "READY", "hello ", "EXIT "]
+        ),
+        texts,
+    ),
     outcome_lines.map(raw_line),
     st.binary(max_size=30).map(lambda data: data.replace(b"\n", b"")),
-    st.just(b"x" * (MAX_LINE + 1)))
+    st.just(b"x" * (MAX_LINE + 1)),
+)
 
 
 def connect(port: int, source: str) -> socket.socket:
@@ -126,15 +165,24 @@ def no_internal_error(capsys) -> None:
 
 @pytest.fixture
 def leader():
-    leader = Leader(address=LEADER, port=0, workers=[HOST], public_key="ssh-ed25519 AAAA job",
-                    heartbeat_timeout=5)
+    leader = Leader(
+        address=LEADER,
+        port=0,
+        workers=[HOST],
+        public_key="ssh-ed25519 AAAA job",
+        heartbeat_timeout=5,
+    )
     yield leader
     leader.close()
 
 
 @example(first=b"HELLO 127.0.0.2", rest=[b"READY key"])  # the right name from the wrong address
-@fuzz("coordinator: a stranger's bytes, over loopback", max_examples=150,
-      first=peer_lines, rest=st.lists(peer_lines, max_size=3))
+@fuzz(
+    "coordinator: a stranger's bytes, over loopback",
+    max_examples=150,
+    first=peer_lines,
+    rest=st.lists(peer_lines, max_size=3),
+)
 def test_a_stranger_gets_nothing_and_the_workers_still_get_in(leader, capsys, first, rest):
     port = leader.server.getsockname()[1]
     with connect(port, STRANGER) as connection:
@@ -153,8 +201,15 @@ def test_a_worker_gets_in_after_the_strangers(leader, capsys):
     results = {}
 
     def follow():
-        results[HOST] = follow_leader(LEADER, port, HOST, address=HOST, leader_timeout=10,
-                                      heartbeat_timeout=5, on_key=lambda key: "hostkey")
+        results[HOST] = follow_leader(
+            LEADER,
+            port,
+            HOST,
+            address=HOST,
+            leader_timeout=10,
+            heartbeat_timeout=5,
+            on_key=lambda key: "hostkey",
+        )
 
     worker = threading.Thread(target=follow)
     worker.start()
@@ -167,26 +222,49 @@ def test_a_worker_gets_in_after_the_strangers(leader, capsys):
 
 def settled(leader: Leader, host: str) -> bool:
     with leader.condition:
-        return any(host in state for state in (leader.failures, leader.lost, leader.said_bye,
-                                               leader.ended, leader.host_keys))
+        return any(
+            host in state
+            for state in (
+                leader.failures,
+                leader.lost,
+                leader.said_bye,
+                leader.ended,
+                leader.host_keys,
+            )
+        )
 
 
 @example(answer=b"x" * (MAX_LINE + 1), later=[])  # dropped, unrecorded: a wait to host_timeout
 @example(answer=b"READY key", later=[raw_line(f"ENDED 1 config {DEEP}")])
 @example(answer=b"READY key", later=[b"ENDED 1 config [1]"])
-@example(answer=b"READY key", later=[b"ENDED 0 ok \"fine\""])
-@fuzz("coordinator: a data host's lines after HELLO, over loopback", max_examples=150,
-      answer=peer_lines, later=st.lists(peer_lines, max_size=4))
+@example(answer=b"READY key", later=[b'ENDED 0 ok "fine"'])
+@fuzz(
+    "coordinator: a data host's lines after HELLO, over loopback",
+    max_examples=150,
+    answer=peer_lines,
+    later=st.lists(peer_lines, max_size=4),
+)
 def test_what_a_data_host_says_is_taken_or_it_is_dropped(capsys, answer, later):
-    leader = Leader(address=LEADER, port=0, workers=[], data_hosts=(HOST,),
-                    public_key="ssh-ed25519 AAAA job", heartbeat_timeout=5)
+    leader = Leader(
+        address=LEADER,
+        port=0,
+        workers=[],
+        data_hosts=(HOST,),
+        public_key="ssh-ed25519 AAAA job",
+        heartbeat_timeout=5,
+    )
     try:
         with connect(leader.server.getsockname()[1], HOST) as connection:
-            heard = send_then_hear(connection, b"\n".join([b"HELLO " + HOST.encode(), answer,
-                                                           *later]) + b"\n")
+            heard = send_then_hear(
+                connection, b"\n".join([b"HELLO " + HOST.encode(), answer, *later]) + b"\n"
+            )
         assert heard.startswith(b"KEY ssh-ed25519 AAAA job\n")
-        eventually(lambda: settled(leader, HOST),  # the leader closed the connection: decided
-                   "the leader never decided about the data host", 5, every=0.01)
+        eventually(
+            lambda: settled(leader, HOST),  # the leader closed the connection: decided
+            "the leader never decided about the data host",
+            5,
+            every=0.01,
+        )
         no_internal_error(capsys)
         said = b"\n".join([answer, *later]).decode(errors="replace")
         with leader.condition:

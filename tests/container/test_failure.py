@@ -1,8 +1,7 @@
 """Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
 
+from container.failure import FAILURE_LIMIT, Outcome, OutputLog, relayed, summarize, write_failure
 from job.errors import ConfigError
-from container.failure import (FAILURE_LIMIT, Outcome, OutputLog, relayed, summarize,
-                               write_failure)
 from job.paths import MlPaths
 from job.protocol import ELISION, REPORT_LIMIT, FailureKind, rank_failure
 
@@ -29,16 +28,22 @@ MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD
 with errorcode 5.
 """)
     assert summarize(log, 1, host_of) == Outcome(
-        FailureKind.RANK, "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row", 5)
+        FailureKind.RANK, "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row", 5
+    )
 
 
 def test_a_config_error_in_a_rank_is_a_config_failure_whatever_the_rank_exited_with():
     report = rank_failure(1, "algo-1", ConfigError("channel train: row 7 has 3 columns"))
-    log = log_of(f"[1,1]<stderr>:{report.line()}\nMPI_ABORT was invoked on rank 1 in "
-                 f"communicator MPI_COMM_WORLD\nwith errorcode 1.\n")
+    log = log_of(
+        f"[1,1]<stderr>:{report.line()}\nMPI_ABORT was invoked on rank 1 in "
+        f"communicator MPI_COMM_WORLD\nwith errorcode 1.\n"
+    )
     assert summarize(log, 1, host_of) == Outcome(
-        FailureKind.CONFIG, "rank 1 on host algo-1 failed (config error): "
-        "ConfigError: channel train: row 7 has 3 columns", 2)
+        FailureKind.CONFIG,
+        "rank 1 on host algo-1 failed (config error): "
+        "ConfigError: channel train: row 7 has 3 columns",
+        2,
+    )
 
 
 def test_lost_daemon_names_the_host():
@@ -69,12 +74,17 @@ the job to be terminated. The first process to do so was:
   Exit code:    7
 """)
     assert summarize(log, 7, host_of) == Outcome(
-        FailureKind.RANK, "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory", 7)
+        FailureKind.RANK,
+        "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory",
+        7,
+    )
 
 
 def test_ssh_failures_name_the_host():
-    log = log_of("ssh: Could not resolve hostname algo-9: Name or service not known\n"
-                 "ORTE was unable to reliably start one or more daemons.\n")
+    log = log_of(
+        "ssh: Could not resolve hostname algo-9: Name or service not known\n"
+        "ORTE was unable to reliably start one or more daemons.\n"
+    )
     outcome = summarize(log, 1, host_of)
     assert outcome.reason.startswith("mpirun could not start ranks on host algo-9")
     assert outcome.exit_code == 3
@@ -82,22 +92,29 @@ def test_ssh_failures_name_the_host():
 
 def test_anything_else_quotes_the_last_line():
     assert summarize(log_of("some output\nmpirun: the end\n\n"), 9, host_of) == Outcome(
-        FailureKind.RANK, "mpirun exited with code 9; last output: mpirun: the end", 9)
+        FailureKind.RANK, "mpirun exited with code 9; last output: mpirun: the end", 9
+    )
 
 
 def test_openmpis_first_framed_message_is_the_reason_not_its_closing_dashes():
     frame = "-" * 74
-    log = log_of(f"{frame}\nNo OpenFabrics connection schemes reported\n  that they were able\n\n"
-                 f"{frame}\n{frame}\nNo network interfaces were found.\n{frame}\n")
+    log = log_of(
+        f"{frame}\nNo OpenFabrics connection schemes reported\n  that they were able\n\n"
+        f"{frame}\n{frame}\nNo network interfaces were found.\n{frame}\n"
+    )
     assert summarize(log, 1, host_of) == Outcome(
-        FailureKind.RANK, "mpirun exited with code 1: OpenMPI says: No OpenFabrics connection "
-        "schemes reported that they were able", 1)
+        FailureKind.RANK,
+        "mpirun exited with code 1: OpenMPI says: No OpenFabrics connection "
+        "schemes reported that they were able",
+        1,
+    )
 
 
 def test_failure_file_is_cut_to_what_sagemaker_shows_keeping_its_start_and_end(tmp_path):
     paths = MlPaths(tmp_path)
-    write_failure(paths, "no progress for 300 s: " + "é" * 2000 + " (reported to algo-2 by "
-                  "the leader algo-1)")
+    write_failure(
+        paths, "no progress for 300 s: " + "é" * 2000 + " (reported to algo-2 by the leader algo-1)"
+    )
     text = paths.failure_file.read_text(encoding="utf-8")
     # A cut between characters leaves at most 3 bytes unused on each side of the marker.
     assert FAILURE_LIMIT - 6 <= len(text.encode()) <= FAILURE_LIMIT
@@ -115,22 +132,28 @@ def test_a_long_rank_error_reaches_every_hosts_file_whole():
     error = ValueError("ü" * 3000)
     report = rank_failure(9999, hosts[1], error)
     assert REPORT_LIMIT - 6 <= len(report.error.encode()) <= REPORT_LIMIT
-    log = log_of(f"[1,9999]<stderr>:The following tasks are unhealthy (stopped sending "
-                 f"heartbeats):\n[1,9999]<stderr>:/job:worker/replica:0/task:9998\n"
-                 f"[1,9999]<stderr>:{report.line()}\n")
+    log = log_of(
+        f"[1,9999]<stderr>:The following tasks are unhealthy (stopped sending "
+        f"heartbeats):\n[1,9999]<stderr>:/job:worker/replica:0/task:9998\n"
+        f"[1,9999]<stderr>:{report.line()}\n"
+    )
     outcome = relayed(summarize(log, 255, lambda rank: hosts[1]), hosts[0], hosts[1])
-    assert outcome.reason.startswith("TensorFlow worker 9998 (rank 9998 on host "
-                                     "algo-1000-x7k2p) stopped sending heartbeats")
-    assert outcome.reason.endswith(f"{report.error} (reported to algo-1-x7k2p by the leader "
-                                   f"algo-1000-x7k2p)")
+    assert outcome.reason.startswith(
+        "TensorFlow worker 9998 (rank 9998 on host algo-1000-x7k2p) stopped sending heartbeats"
+    )
+    assert outcome.reason.endswith(
+        f"{report.error} (reported to algo-1-x7k2p by the leader algo-1000-x7k2p)"
+    )
     assert len(outcome.reason.encode()) <= FAILURE_LIMIT
 
 
 def test_a_worker_relays_a_failure_after_its_root_cause_and_a_success_as_it_is():
     failed = Outcome.failed(FailureKind.RANK, "rank 1 on host algo-1 failed (exit code 1): X", 1)
     assert relayed(failed, "algo-2", "algo-1") == Outcome(
-        FailureKind.RANK, "rank 1 on host algo-1 failed (exit code 1): X (reported to algo-2 by "
-        "the leader algo-1)", 1)
+        FailureKind.RANK,
+        "rank 1 on host algo-1 failed (exit code 1): X (reported to algo-2 by the leader algo-1)",
+        1,
+    )
     assert relayed(Outcome.success(), "algo-2", "algo-1") == Outcome.success()
 
 
@@ -154,24 +177,31 @@ def test_a_worker_tensorflow_reports_silent_is_named_with_its_host_first():
         "[1,0]<stderr>:/job:worker/replica:0/task:1\n"
         "[1,0]<stderr>:The tasks have crashed. Check the task logs for an earlier error\n"
         "[1,0]<stderr>:TRAIN-FAILURE rank=0 host=algo-1 kind=rank: UnavailableError: Graph "
-        "execution error: Detected at node div_no_nan/CollectiveReduceV2\n")
+        "execution error: Detected at node div_no_nan/CollectiveReduceV2\n"
+    )
     hosts = ["algo-1", "algo-2"]
     outcome = summarize(log, 1, lambda rank: hosts[rank])
     assert outcome.reason.startswith(
         "TensorFlow worker 1 (rank 1 on host algo-2) stopped sending heartbeats: frozen, or its "
-        "host is gone; rank 0 on host algo-1 failed (exit code 1): UnavailableError: Graph")
+        "host is gone; rank 0 on host algo-1 failed (exit code 1): UnavailableError: Graph"
+    )
     assert outcome.exit_code == 1
-    assert not log_of("[1,0]<stderr>:ValueError: /job:worker/replica:0/task:1 is bad\n"
-                      ).unhealthy_worker  # a worker named in another context is not blamed
+    assert not log_of(
+        "[1,0]<stderr>:ValueError: /job:worker/replica:0/task:1 is bad\n"
+    ).unhealthy_worker  # a worker named in another context is not blamed
 
 
 def test_a_stop_line_is_remembered_however_much_the_ranks_print_after_it():
     """Eight ranks' shutdown warnings follow the leader's stop line; what it saved still
     reaches the failure file (a window of the last lines lost it)."""
-    log = log_of("[1,0]<stdout>:trainer: TRAIN-STOPPED checkpoint saved in /opt/ml/checkpoints; "
-                 "a restarted job resumes at epoch 2, step 48\n" + "".join(
-                     f"[1,{rank}]<stderr>:W0000 collective_ops.cc:42] cancelled\n" * 5
-                     for rank in range(8)))
-    assert log.stopped == ("checkpoint saved in /opt/ml/checkpoints; a restarted job resumes "
-                           "at epoch 2, step 48")
+    log = log_of(
+        "[1,0]<stdout>:trainer: TRAIN-STOPPED checkpoint saved in /opt/ml/checkpoints; "
+        "a restarted job resumes at epoch 2, step 48\n"
+        + "".join(
+            f"[1,{rank}]<stderr>:W0000 collective_ops.cc:42] cancelled\n" * 5 for rank in range(8)
+        )
+    )
+    assert log.stopped == (
+        "checkpoint saved in /opt/ml/checkpoints; a restarted job resumes at epoch 2, step 48"
+    )
     assert log_of("[1,0]<stdout>:trainer: 2 rank(s)\n").stopped is None

@@ -21,26 +21,41 @@ def gpu_check(*arguments: str, timeout: float = 300) -> subprocess.CompletedProc
     """scripts/gpu_check.sh with .venv-gpu's python3 first on PATH, as the lent machine's."""
     env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *arguments],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *arguments],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
 def machine_like_the_lent_one():
-    assert (VENV / "bin" / "python3").exists() and WHEELS.is_dir(), \
+    assert (VENV / "bin" / "python3").exists() and WHEELS.is_dir(), (
         "run `bash scripts/setup_sdk.sh gpu` (make test's set-up does)"
-    bare = subprocess.run([str(VENV / "bin" / "python3"), "-c",
-                           "import importlib.util as u; print([n for n in ('keras', 'mpi4py', "
-                           "'tensorflow', 'sagemaker_training', 'boto3') if u.find_spec(n)])"],
-                          capture_output=True, text=True, check=True)
+    )
+    bare = subprocess.run(
+        [
+            str(VENV / "bin" / "python3"),
+            "-c",
+            "import importlib.util as u; print([n for n in ('keras', 'mpi4py', "
+            "'tensorflow', 'sagemaker_training', 'boto3') if u.find_spec(n)])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert bare.stdout.strip() == "[]", bare.stdout
 
 
 def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp_path):
     done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = re.search(r"launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, ratio ([\d.]+)",
-                        done.stdout)
+    summary = re.search(
+        r"launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, ratio ([\d.]+)", done.stdout
+    )
     assert summary, done.stdout
     launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
     assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
@@ -61,8 +76,13 @@ def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp
 def test_a_machine_without_the_carried_wheels_is_told_what_it_lacks():
     env = {**os.environ, "PATH": str(VENV / "bin")}  # no mpirun either
     env.pop("PYTHONPATH", None)
-    done = subprocess.run([str(VENV / "bin" / "python3"), str(ROOT / "scripts" / "gpu_check.py")],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(VENV / "bin" / "python3"), str(ROOT / "scripts" / "gpu_check.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     lacks = done.stdout
     for name in ("keras", "mpi4py", "sagemaker_training", "boto3", "mpirun"):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 
 import pytest
@@ -23,10 +22,12 @@ from tests.container.test_multi_host import start
 from tests.container.test_session import running
 
 TRAIN_HOSTS, DATA_HOSTS = ("127.0.0.1", "127.0.0.2"), ("127.0.0.3",)
-GROUPS = (InstanceGroup("train", "ml.p4d.24xlarge", TRAIN_HOSTS),
-          InstanceGroup("data", "ml.c5.18xlarge", DATA_HOSTS))
+GROUPS = (
+    InstanceGroup("train", "ml.p4d.24xlarge", TRAIN_HOSTS),
+    InstanceGroup("data", "ml.c5.18xlarge", DATA_HOSTS),
+)
 ONE_TRAINING_HOST = (InstanceGroup("train", "ml.g5.xlarge", ("127.0.0.1",)), GROUPS[1])
-PROBE = '''
+PROBE = """
 import json, os, sys, time
 info = {name: os.environ.get(name) for name in (
     "SM_CURRENT_HOST", "SM_CURRENT_INSTANCE_GROUP", "SM_CURRENT_INSTANCE_TYPE", "SM_IS_HETERO",
@@ -48,7 +49,7 @@ if info["SM_CURRENT_INSTANCE_GROUP"] == "data":
                           "open(sys.argv[1], 'w').write(str(os.getpid()))\\ntime.sleep(60)",
                           os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "helper.pid")])
     time.sleep(600)  # a data server: the end of the training stops it
-'''
+"""
 
 
 @pytest.fixture
@@ -57,21 +58,34 @@ def hetero(tmp_path):
     job of two instance groups running probe.py (`source`), as SageMaker lays it out on each
     host."""
 
-    def make(hyperparameters: dict, groups=GROUPS, program="probe.py", data=None,
-             source=PROBE) -> dict:
+    def make(
+        hyperparameters: dict, groups=GROUPS, program="probe.py", data=None, source=PROBE
+    ) -> dict:
         sshd, coordinator, data_service = free_ports(3)
-        values = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 60,
-                  "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
-                  "data_service_port": data_service,
-                  **({"sagemaker_program": program} if program else {}), **hyperparameters}
+        values = {
+            "sshd_port": sshd,
+            "coordinator_port": coordinator,
+            "host_timeout": 60,
+            "leader_timeout": 60,
+            "heartbeat_timeout": 10,
+            "processes_per_host": 1,
+            "data_service_port": data_service,
+            **({"sagemaker_program": program} if program else {}),
+            **hyperparameters,
+        }
         hosts = tuple(host for group in groups for host in group.hosts)
         roots = {}
         for group in groups:
             for host in group.hosts:
                 paths = MlPaths(tmp_path / host)
-                write_job_config(JobConfig(paths, ResourceConfig(
-                    host, hosts, "lo", group.instance_type, group.name, groups), values,
-                    digits_channels(data) if data else {}))
+                write_job_config(
+                    JobConfig(
+                        paths,
+                        ResourceConfig(host, hosts, "lo", group.instance_type, group.name, groups),
+                        values,
+                        digits_channels(data) if data else {},
+                    )
+                )
                 if data:
                     write_digits(paths.data_dir, data)
                 (paths.code_dir).mkdir(parents=True)
@@ -86,32 +100,41 @@ def run_all(roots: dict, timeout: float = 180) -> dict[str, tuple[int, str]]:
     """Start every host's launcher (the data host first, the leader last); each one's exit
     code and output."""
     launchers = {host: start(root) for host, root in reversed(roots.items())}
-    return {host: (launcher.communicate(timeout=timeout)[0], launcher.returncode)[::-1]
-            for host, launcher in launchers.items()}
+    return {
+        host: (launcher.communicate(timeout=timeout)[0], launcher.returncode)[::-1]
+        for host, launcher in launchers.items()
+    }
 
 
 TRAINING = {"sagemaker_distribution_instance_groups": '["train"]', "train-seconds": 2}
 
 
-def test_ranks_run_on_the_training_group_and_the_data_host_runs_until_the_training_ends(
-        hetero):
+def test_ranks_run_on_the_training_group_and_the_data_host_runs_until_the_training_ends(hetero):
     roots = hetero(TRAINING)
     started = time.monotonic()
     ended = run_all(roots)
-    assert {host: code for host, (code, _) in ended.items()} == \
-        dict.fromkeys(roots, 0), ended[DATA_HOSTS[0]][1][-3000:]
+    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), ended[
+        DATA_HOSTS[0]
+    ][1][-3000:]
     assert time.monotonic() - started < 90  # the data host's 600 s server was stopped
     leader = ended[TRAIN_HOSTS[0]][1]
     assert "data hosts (other instance groups, the script on its own): 127.0.0.3" in leader
     assert "launcher: all 3 hosts ready" in leader
     data_dir = roots[TRAIN_HOSTS[0]] / "output" / "data"  # where every rank writes
-    ranks = [json.loads((data_dir / f"{host}-{rank}.json").read_text())
-             for rank, host in enumerate(TRAIN_HOSTS)]
+    ranks = [
+        json.loads((data_dir / f"{host}-{rank}.json").read_text())
+        for rank, host in enumerate(TRAIN_HOSTS)
+    ]
     for rank in ranks:  # the world of the ranks is the training group's hosts alone
-        assert (rank["SM_CURRENT_INSTANCE_GROUP"], rank["OMPI_COMM_WORLD_SIZE"], rank["sum"],
-                rank["SM_CURRENT_INSTANCE_TYPE"]) == ("train", "2", 2, "ml.p4d.24xlarge")
-    data = json.loads((roots[DATA_HOSTS[0]] / "output" / "data" / "127.0.0.3-alone.json")
-                      .read_text())
+        assert (
+            rank["SM_CURRENT_INSTANCE_GROUP"],
+            rank["OMPI_COMM_WORLD_SIZE"],
+            rank["sum"],
+            rank["SM_CURRENT_INSTANCE_TYPE"],
+        ) == ("train", "2", 2, "ml.p4d.24xlarge")
+    data = json.loads(
+        (roots[DATA_HOSTS[0]] / "output" / "data" / "127.0.0.3-alone.json").read_text()
+    )
     assert data["SM_CURRENT_INSTANCE_GROUP"] == "data"
     assert data["SM_CURRENT_INSTANCE_TYPE"] == "ml.c5.18xlarge"
     assert data["OMPI_COMM_WORLD_SIZE"] is None  # not under mpirun
@@ -128,11 +151,13 @@ def test_one_training_host_runs_its_ranks_locally_beside_a_data_host(hetero):
     the job."""
     roots = hetero({**TRAINING, "processes_per_host": 2}, groups=ONE_TRAINING_HOST)
     ended = run_all(roots)
-    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), \
-        ended["127.0.0.1"][1][-3000:]
+    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), ended[
+        "127.0.0.1"
+    ][1][-3000:]
     data_dir = roots["127.0.0.1"] / "output" / "data"
-    assert [json.loads((data_dir / f"127.0.0.1-{rank}.json").read_text())["sum"]
-            for rank in (0, 1)] == [2, 2]
+    assert [
+        json.loads((data_dir / f"127.0.0.1-{rank}.json").read_text())["sum"] for rank in (0, 1)
+    ] == [2, 2]
     assert (roots["127.0.0.3"] / "output" / "data" / "127.0.0.3-alone.json").exists()
 
 
@@ -154,7 +179,7 @@ def test_the_data_host_ends_the_helper_its_script_left_and_exits_with_the_traini
 
 # The data host serves batches (AWS's pattern: a tf.data service on the data group); the rank,
 # stopped, saves a checkpoint that needs one more batch from it.
-SERVE_THROUGH_THE_STOP = '''
+SERVE_THROUGH_THE_STOP = """
 import json, os, socket, time
 with open(os.path.join(os.environ["SM_INPUT_CONFIG_DIR"], "hyperparameters.json")) as config:
     port = int(json.load(config)["data_service_port"])  # free: a script job runs no service
@@ -180,18 +205,23 @@ except OSError as error:
 with open(os.path.join(out, "saved"), "w") as saved:
     saved.write(last)
 raise SystemExit(143)
-'''
+"""
 
 
 def test_a_stop_keeps_the_data_hosts_script_serving_until_the_ranks_have_saved(hetero):
     """SageMaker's SIGTERM reaches every host at once; the data host's script is not stopped
     by it but by the training's end, after the ranks' checkpoint, as the built-in data
     service is."""
-    roots = hetero({"sagemaker_distribution_instance_groups": "train"},
-                   groups=ONE_TRAINING_HOST, source=SERVE_THROUGH_THE_STOP)
+    roots = hetero(
+        {"sagemaker_distribution_instance_groups": "train"},
+        groups=ONE_TRAINING_HOST,
+        source=SERVE_THROUGH_THE_STOP,
+    )
     launchers = {host: start(root) for host, root in reversed(roots.items())}
-    ready = [roots[DATA_HOSTS[0]] / "output" / "data" / "serving",
-             roots["127.0.0.1"] / "output" / "data" / "training"]
+    ready = [
+        roots[DATA_HOSTS[0]] / "output" / "data" / "serving",
+        roots["127.0.0.1"] / "output" / "data" / "training",
+    ]
     deadline = time.monotonic() + 120
     while not all(path.exists() for path in ready):
         for launcher in launchers.values():
@@ -200,12 +230,12 @@ def test_a_stop_keeps_the_data_hosts_script_serving_until_the_ranks_have_saved(h
         time.sleep(0.1)
     for launcher in launchers.values():
         launcher.send_signal(signal.SIGTERM)
-    outputs = {host: launcher.communicate(timeout=120)[0] for host, launcher in
-               launchers.items()}
+    outputs = {host: launcher.communicate(timeout=120)[0] for host, launcher in launchers.items()}
     codes = {host: launcher.returncode for host, launcher in launchers.items()}
     assert codes == dict.fromkeys(roots, 143), outputs[DATA_HOSTS[0]][-3000:]
-    assert (roots["127.0.0.1"] / "output" / "data" / "saved").read_text() == "batch", \
-        outputs[DATA_HOSTS[0]][-3000:]
+    assert (roots["127.0.0.1"] / "output" / "data" / "saved").read_text() == "batch", outputs[
+        DATA_HOSTS[0]
+    ][-3000:]
     assert "runs on until the ranks have saved their checkpoint" in outputs[DATA_HOSTS[0]]
 
 
@@ -240,19 +270,30 @@ def test_the_built_in_trainer_reads_its_input_from_the_data_hosts_service(hetero
     accuracy far above chance, and the data host's servers stop when it ends. (That the ranks read
     nothing but the service: tests/image/test_hetero_cluster.py, where each host has files
     of its own.)"""
-    roots = hetero({"sagemaker_distribution_instance_groups": "train", "model": "cnn",
-                    "epochs": 6, "augment": "true", "image_size": 16}, program=None,
-                   data="images")
+    roots = hetero(
+        {
+            "sagemaker_distribution_instance_groups": "train",
+            "model": "cnn",
+            "epochs": 6,
+            "augment": "true",
+            "image_size": 16,
+        },
+        program=None,
+        data="images",
+    )
     ended = run_all(roots, timeout=300)
-    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), \
-        ended[TRAIN_HOSTS[0]][1][-3000:]
+    assert {host: code for host, (code, _) in ended.items()} == dict.fromkeys(roots, 0), ended[
+        TRAIN_HOSTS[0]
+    ][1][-3000:]
     leader, data = ended[TRAIN_HOSTS[0]][1], ended[DATA_HOSTS[0]][1]
-    port = json.loads((roots[DATA_HOSTS[0]] / "input" / "config" / "hyperparameters.json")
-                      .read_text())["data_service_port"]
-    assert f"training input served by the data hosts' tf.data service at " \
-           f"grpc://127.0.0.3:{port}" in leader
-    assert f"data service: dispatcher and worker on 127.0.0.3, dispatcher 127.0.0.3:{port}" \
-        in data
+    port = json.loads(
+        (roots[DATA_HOSTS[0]] / "input" / "config" / "hyperparameters.json").read_text()
+    )["data_service_port"]
+    assert (
+        f"training input served by the data hosts' tf.data service at "
+        f"grpc://127.0.0.3:{port}" in leader
+    )
+    assert f"data service: dispatcher and worker on 127.0.0.3, dispatcher 127.0.0.3:{port}" in data
     metadata = json.loads((roots[TRAIN_HOSTS[0]] / "model" / "metadata.json").read_text())
     assert metadata["final_metrics"]["val_accuracy"] > 0.4, metadata["final_metrics"]  # of 0.1
 
@@ -260,8 +301,16 @@ def test_the_built_in_trainer_reads_its_input_from_the_data_hosts_service(hetero
 def test_a_stop_reaching_every_host_checkpoints_with_the_service_still_serving(hetero):
     """SageMaker's SIGTERM reaches every host at once: the ranks agree on a step and save,
     reading their last batches from the data host, which keeps serving until they are done."""
-    roots = hetero({"sagemaker_distribution_instance_groups": "train", "model": "cnn",
-                    "epochs": 50, "image_size": 16}, program=None, data="images")
+    roots = hetero(
+        {
+            "sagemaker_distribution_instance_groups": "train",
+            "model": "cnn",
+            "epochs": 50,
+            "image_size": 16,
+        },
+        program=None,
+        data="images",
+    )
     launchers = {host: start(root) for host, root in reversed(roots.items())}
     leader = launchers[TRAIN_HOSTS[0]]
     seen = []
@@ -271,8 +320,7 @@ def test_a_stop_reaching_every_host_checkpoints_with_the_service_still_serving(h
             break
     for launcher in launchers.values():
         launcher.send_signal(signal.SIGTERM)
-    outputs = {host: launcher.communicate(timeout=120)[0] for host, launcher in
-               launchers.items()}
+    outputs = {host: launcher.communicate(timeout=120)[0] for host, launcher in launchers.items()}
     codes = {host: launcher.returncode for host, launcher in launchers.items()}
     assert codes == dict.fromkeys(roots, 143), "".join(seen) + outputs[TRAIN_HOSTS[0]][-3000:]
     assert failure_of(roots[TRAIN_HOSTS[0]]).startswith("training was stopped by a signal")
@@ -280,19 +328,33 @@ def test_a_stop_reaching_every_host_checkpoints_with_the_service_still_serving(h
     assert json.loads(states[-1].read_text()).get("interrupted") is True
 
 
-@pytest.mark.parametrize("hyperparameters, program, message", [
-    ({}, "probe.py", "this job has 2 instance groups, train (2 x ml.p4d.24xlarge), data (1 x "
-     "ml.c5.18xlarge), and names none to train: set the hyperparameter "
-     "sagemaker_distribution_instance_groups"),
-    ({"sagemaker_distribution_instance_groups": "gpu"}, "probe.py",
-     "names ['gpu'], which this job does not have"),
-    ({"sagemaker_distribution_instance_groups": "train,data"}, "probe.py",
-     "different instance types (ml.c5.18xlarge, ml.p4d.24xlarge): set processes_per_host"),
-])
+@pytest.mark.parametrize(
+    "hyperparameters, program, message",
+    [
+        (
+            {},
+            "probe.py",
+            "this job has 2 instance groups, train (2 x ml.p4d.24xlarge), data (1 x "
+            "ml.c5.18xlarge), and names none to train: set the hyperparameter "
+            "sagemaker_distribution_instance_groups",
+        ),
+        (
+            {"sagemaker_distribution_instance_groups": "gpu"},
+            "probe.py",
+            "names ['gpu'], which this job does not have",
+        ),
+        (
+            {"sagemaker_distribution_instance_groups": "train,data"},
+            "probe.py",
+            "different instance types (ml.c5.18xlarge, ml.p4d.24xlarge): set processes_per_host",
+        ),
+    ],
+)
 def test_what_cannot_run_is_refused_on_every_host_before_anything_starts(
-        hetero, hyperparameters, program, message):
+    hetero, hyperparameters, program, message
+):
     roots = hetero({**hyperparameters, "processes_per_host": 0}, program=program)
-    for host, root in roots.items():
+    for _host, root in roots.items():
         result = run_train(root, timeout=60)
         assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
         assert message in failure_of(root), failure_of(root)

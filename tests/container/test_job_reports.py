@@ -21,10 +21,13 @@ def test_a_long_error_keeps_its_type_head_tail_and_line_in_the_failure_file(make
     result = run_train(root, timeout=120)
     assert result.returncode == 1, result.stdout[-3000:]
     failure = failure_of(root)
-    assert failure.startswith("rank 0 on host algo-1 failed (exit code 1): ValueError: "
-                              "column 7 of row 12 in train.csv: üüü"), failure
-    assert failure.endswith("üü is not a number (at long_error.py, line 3: "
-                            "raise ValueError(message))"), failure
+    assert failure.startswith(
+        "rank 0 on host algo-1 failed (exit code 1): ValueError: "
+        "column 7 of row 12 in train.csv: üüü"
+    ), failure
+    assert failure.endswith(
+        "üü is not a number (at long_error.py, line 3: raise ValueError(message))"
+    ), failure
     assert failure.count(ELISION) == 1 and len(failure.encode()) <= FAILURE_LIMIT
 
 
@@ -50,12 +53,14 @@ def test_a_job_that_saved_no_model_completes_with_a_warning_naming_its_files(mak
     result = run_train(root, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     warning = (root / "output" / "data" / WARNING_FILE).read_text()
-    assert warning.startswith(f"the job completed but saved no model: {root / 'model'} is "
-                              f"empty"), warning
+    assert warning.startswith(f"the job completed but saved no model: {root / 'model'} is empty"), (
+        warning
+    )
     assert 'Save the model into os.environ["SM_MODEL_DIR"]' in warning
     assert warning.rstrip().endswith(
         f"The script left these in its working folder {root / 'code'}: ckpt/saved_model.pb, "
-        f"ckpt/variables/variables.index, model.keras."), warning
+        f"ckpt/variables/variables.index, model.keras."
+    ), warning
     assert f"launcher: WARNING: {warning.rstrip()}" in result.stderr
     assert not (root / "output" / "failure").exists()
 
@@ -84,5 +89,6 @@ def test_the_warning_names_a_few_model_files_and_counts_the_rest(tmp_path):
     assert left == [f"epoch-{index}.weights.h5" for index in range(6)]
     assert warning_text(Path("/opt/ml/model"), tmp_path, left).endswith(
         f"working folder {tmp_path}: epoch-0.weights.h5, epoch-1.weights.h5, "
-        f"epoch-2.weights.h5, epoch-3.weights.h5 and 2 more.")
+        f"epoch-2.weights.h5, epoch-3.weights.h5 and 2 more."
+    )
     assert model_like_files(tmp_path, since=time.time() + 60) == []  # none written since

@@ -8,15 +8,26 @@ from tests.conftest import failure_of, run_train
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(make_job):
-    root = make_job({"global_batch_size": 512, "max_device_batch_size": 64,
-                     "processes_per_host": 2, "learning_rate": 0.1, "base_batch_size": 256})
+    root = make_job(
+        {
+            "global_batch_size": 512,
+            "max_device_batch_size": 64,
+            "processes_per_host": 2,
+            "learning_rate": 0.1,
+            "base_batch_size": 256,
+        }
+    )
     result = run_train(root, "--dry-run", timeout=60)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["hosts"] == ["algo-1"] and plan["leader"] == "algo-1"
     assert (plan["processes_per_host"], plan["world_size"]) == (2, 2)
-    assert (plan["global_batch"], plan["per_device_batch"], plan["micro_batch"],
-            plan["accumulation_steps"]) == (512, 256, 64, 4)
+    assert (
+        plan["global_batch"],
+        plan["per_device_batch"],
+        plan["micro_batch"],
+        plan["accumulation_steps"],
+    ) == (512, 256, 64, 4)
     assert plan["learning_rate"] == pytest.approx(0.2)
     assert plan["mpirun"][0] == "mpirun" and plan["mpirun"][-2:] == ["-m", "train.rank_main"]
     assert not (root / "output" / "failure").exists() and not (root / "model").exists()
@@ -29,14 +40,21 @@ def test_dry_run_of_a_worker_in_a_cluster(make_job):
     assert plan["is_leader"] is False and "algo-1:1,algo-2:1" in plan["mpirun"]
 
 
-@pytest.mark.parametrize("hyperparameters, message", [
-    ({"epochs": "zero"}, "hyperparameter epochs='zero' is invalid: expected an integer >= 1"),
-    ({"learnin_rate": "0.1"},
-     "unknown hyperparameter(s) learnin_rate (did you mean learning_rate for learnin_rate?)"),
-    ({"global_batch_size": "100", "processes_per_host": "3"},
-     "global_batch_size=100 cannot be split evenly over 3 devices"),
-    ({"mpi_options": "eth0"}, "'eth0' is not an mpirun option"),
-])
+@pytest.mark.parametrize(
+    "hyperparameters, message",
+    [
+        ({"epochs": "zero"}, "hyperparameter epochs='zero' is invalid: expected an integer >= 1"),
+        (
+            {"learnin_rate": "0.1"},
+            "unknown hyperparameter(s) learnin_rate (did you mean learning_rate for learnin_rate?)",
+        ),
+        (
+            {"global_batch_size": "100", "processes_per_host": "3"},
+            "global_batch_size=100 cannot be split evenly over 3 devices",
+        ),
+        ({"mpi_options": "eth0"}, "'eth0' is not an mpirun option"),
+    ],
+)
 def test_configuration_errors_fail_fast_with_what_to_change(make_job, hyperparameters, message):
     root = make_job(hyperparameters)
     result = run_train(root, timeout=60)
@@ -47,14 +65,12 @@ def test_configuration_errors_fail_fast_with_what_to_change(make_job, hyperparam
 
 
 @pytest.mark.parametrize("mode", [{}, {"sagemaker_program": "train.py"}])
-def test_a_progress_timeout_under_the_minimum_is_refused_before_any_rank_starts(make_job,
-                                                                                mode):
+def test_a_progress_timeout_under_the_minimum_is_refused_before_any_rank_starts(make_job, mode):
     root = make_job({"progress_timeout": "10", **mode})
     result = run_train(root, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "progress_timeout=10 is too short" in failure_of(root)
-    assert "set it to 120 or more (the minimum), or 0 to turn the watchdog off" in \
-        failure_of(root)
+    assert "set it to 120 or more (the minimum), or 0 to turn the watchdog off" in failure_of(root)
     assert "launcher: running: mpirun" not in result.stdout
 
 
@@ -108,5 +124,7 @@ def test_pipe_mode_is_refused_before_anything_starts(make_job):
     config.write_text(json.dumps(channels))
     result = run_train(root, timeout=60)
     assert result.returncode == 2
-    assert "channel train uses Pipe input mode, which this container does not read; use File " \
+    assert (
+        "channel train uses Pipe input mode, which this container does not read; use File "
         "or FastFile" in failure_of(root)
+    )

@@ -33,10 +33,24 @@ def mlflow_server(tmp_path_factory):
     log = (folder / "server.log").open("w")
     port = free_port()
     server = subprocess.Popen(
-        [str(ROOT / ".venv-mlflow" / "bin" / "mlflow"), "server", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--backend-store-uri",
-         f"sqlite:///{folder}/runs.db", "--default-artifact-root", str(folder / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(ROOT / ".venv-mlflow" / "bin" / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{folder}/runs.db",
+            "--default-artifact-root",
+            str(folder / "artifacts"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + SERVER_START
     while True:
@@ -54,8 +68,11 @@ def mlflow_server(tmp_path_factory):
 
 def tracked(url: str, **more: str) -> dict[str, str]:
     """A job environment naming the server and an experiment of its own."""
-    return {"MLFLOW_TRACKING_URI": url, "MLFLOW_EXPERIMENT_NAME": f"test-{uuid.uuid4().hex}",
-            **more}
+    return {
+        "MLFLOW_TRACKING_URI": url,
+        "MLFLOW_EXPERIMENT_NAME": f"test-{uuid.uuid4().hex}",
+        **more,
+    }
 
 
 def runs_of(url: str, env: dict[str, str]) -> list:
@@ -77,8 +94,7 @@ def test_the_built_in_trainer_logs_one_run_from_the_leader(cluster, mlflow_serve
     assert f"launcher: MLflow run {run.info.run_id} in experiment" in output
     assert (run.info.status, run.info.run_name) == ("FINISHED", "digits-mlflow-1")
     params = run.data.params
-    assert (params["epochs"], params["world_size"], params["processes_per_host"]) == \
-        ("2", "2", "1")
+    assert (params["epochs"], params["world_size"], params["processes_per_host"]) == ("2", "2", "1")
     assert float(params["scaled_learning_rate"]) > 0
     tags = run.data.tags
     assert tags["sagemaker.hosts"] == ",".join(HOSTS)
@@ -114,7 +130,8 @@ MPI.COMM_WORLD.barrier()
 
 
 def test_a_script_logs_into_the_job_run_with_mlflow_and_a_failure_ends_it_failed(
-        make_script_job, mlflow_server, monkeypatch):
+    make_script_job, mlflow_server, monkeypatch
+):
     env = tracked(mlflow_server)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -154,15 +171,22 @@ def test_a_managed_server_arn_is_signed_for_sagemaker_mlflow(mlflow_server, monk
     assert headers["x-mlflow-sm-tracking-server-arn"] == ARN
     assert headers["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDTEST/")
     assert "/eu-west-1/sagemaker-mlflow/aws4_request" in headers["Authorization"]
-    signed = Tracking.from_environment({"MLFLOW_TRACKING_URI": ARN,
-                                        "SAGEMAKER_MLFLOW_CUSTOM_ENDPOINT": mlflow_server})
-    assert experiment_id(signed, {"MLFLOW_EXPERIMENT_NAME": "signed"}) == \
-        MlflowClient(mlflow_server).get_experiment_by_name("signed").experiment_id
+    signed = Tracking.from_environment(
+        {"MLFLOW_TRACKING_URI": ARN, "SAGEMAKER_MLFLOW_CUSTOM_ENDPOINT": mlflow_server}
+    )
+    assert (
+        experiment_id(signed, {"MLFLOW_EXPERIMENT_NAME": "signed"})
+        == MlflowClient(mlflow_server).get_experiment_by_name("signed").experiment_id
+    )
 
 
-@pytest.mark.parametrize("uri", [
-    "arn:aws:sagemaker:eu-west-1:123456789012:notebook-instance/team",
-    "arn:aws:sagemaker:eu-west-1:1234:mlflow-tracking-server/team"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "arn:aws:sagemaker:eu-west-1:123456789012:notebook-instance/team",
+        "arn:aws:sagemaker:eu-west-1:1234:mlflow-tracking-server/team",
+    ],
+)
 def test_a_wrong_arn_fails_every_host_before_training(make_job, monkeypatch, uri):
     with pytest.raises(ConfigError, match="not the ARN of a SageMaker managed MLflow server"):
         Tracking.from_environment({"MLFLOW_TRACKING_URI": uri})
@@ -175,16 +199,18 @@ def test_a_wrong_arn_fails_every_host_before_training(make_job, monkeypatch, uri
 
 def test_only_a_tracking_server_is_tracked_by_the_launcher():
     assert Tracking.from_environment({}) is None
-    assert Tracking.from_environment({"MLFLOW_TRACKING_URI": "file:/opt/ml/output/mlruns"}) \
-        is None  # a script's own mlflow writes there; the launcher leaves it alone
+    assert (
+        Tracking.from_environment({"MLFLOW_TRACKING_URI": "file:/opt/ml/output/mlruns"}) is None
+    )  # a script's own mlflow writes there; the launcher leaves it alone
 
 
 def test_a_stopped_job_ends_its_run_killed(make_script_job, mlflow_server, monkeypatch):
     env = tracked(mlflow_server)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    root = make_script_job("wait.py", {}, "import time\nprint('ready', flush=True)\n"
-                           "time.sleep(120)\n")
+    root = make_script_job(
+        "wait.py", {}, "import time\nprint('ready', flush=True)\ntime.sleep(120)\n"
+    )
     stop_job(root, "ready")
     [run] = runs_of(mlflow_server, env)
     assert run.info.status == "KILLED"

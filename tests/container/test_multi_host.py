@@ -25,12 +25,18 @@ HOSTS = ["127.0.0.1", "127.0.0.2"]
 # the region), and what it gives each instance of its own: the endpoint of the job role's
 # credentials for this instance, the container's metadata endpoint.
 JOB_ENV = {"USER_SETTING": "on every host", "AWS_REGION": "eu-west-1"}
-HOST_ENV = {host: {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": f"/v2/credentials/role-of-{host}",
-                   "ECS_CONTAINER_METADATA_URI_V4": f"http://169.254.170.2/v4/task-of-{host}"}
-            for host in HOSTS}
+HOST_ENV = {
+    host: {
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": f"/v2/credentials/role-of-{host}",
+        "ECS_CONTAINER_METADATA_URI_V4": f"http://169.254.170.2/v4/task-of-{host}",
+    }
+    for host in HOSTS
+}
 NAMES = sorted([*JOB_ENV, *HOST_ENV[HOSTS[0]]])
 
-PROBE = f"NAMES = {NAMES!r}\n" + '''
+PROBE = (
+    f"NAMES = {NAMES!r}\n"
+    + """
 import json, os, socket
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -40,25 +46,43 @@ out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank{hvd.rank()}.json")
 json.dump({"host": os.environ["SM_CURRENT_HOST"], "ssh": os.environ.get("SSH_CONNECTION"),
            "sum": total, "cwd": os.getcwd(),
            "env": {name: os.environ.get(name) for name in NAMES}}, open(out, "w"))
-'''
+"""
+)
 
 
 @pytest.fixture
 def cluster(make_job, make_script_job):
     def make(hyperparameters, program=None, source=None):
         sshd, coordinator = free_ports(2)
-        values = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 60,
-                  "leader_timeout": 60, "heartbeat_timeout": 10, "processes_per_host": 1,
-                  **hyperparameters}
-        return {host: make_script_job(program, values, source, hosts=HOSTS, current=host)
-                if program else make_job(values, hosts=HOSTS, current=host) for host in HOSTS}
+        values = {
+            "sshd_port": sshd,
+            "coordinator_port": coordinator,
+            "host_timeout": 60,
+            "leader_timeout": 60,
+            "heartbeat_timeout": 10,
+            "processes_per_host": 1,
+            **hyperparameters,
+        }
+        return {
+            host: make_script_job(program, values, source, hosts=HOSTS, current=host)
+            if program
+            else make_job(values, hosts=HOSTS, current=host)
+            for host in HOSTS
+        }
+
     return make
 
 
 def start(root, env=None, cwd=None):
-    return subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})}, cwd=cwd)
+    return subprocess.Popen(
+        [str(TRAIN), "--ml-root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 def runtime_of(launcher_pid):
@@ -93,9 +117,13 @@ def test_a_job_crosses_hosts_over_ssh(cluster):
 
 
 def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
-    roots = cluster({}, "fail.py", "from mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
-                    "if MPI.COMM_WORLD.rank == 1:\n    raise MemoryError('batch too large for this GPU')\n"
-                    "MPI.COMM_WORLD.barrier()\n")
+    roots = cluster(
+        {},
+        "fail.py",
+        "from mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
+        "if MPI.COMM_WORLD.rank == 1:\n    raise MemoryError('batch too large for this GPU')\n"
+        "MPI.COMM_WORLD.barrier()\n",
+    )
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
     leader.communicate(timeout=120)
     worker.communicate(timeout=30)
@@ -104,13 +132,18 @@ def test_a_failing_rank_on_the_worker_fails_every_host(cluster):
     assert failure_of(roots["127.0.0.1"]).startswith(expected)
     assert failure_of(roots["127.0.0.2"]).startswith(expected)  # the root cause first, then
     assert failure_of(roots["127.0.0.2"]).endswith(  # who reported it
-        "(reported to 127.0.0.2 by the leader 127.0.0.1)")
+        "(reported to 127.0.0.2 by the leader 127.0.0.1)"
+    )
 
 
 def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
-    roots = cluster({}, "hang.py", "import time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
-                    "open(__import__('os').environ['SM_OUTPUT_DATA_DIR'] + f'/up{MPI.COMM_WORLD.rank}', 'w')\n"
-                    "MPI.COMM_WORLD.barrier()\ntime.sleep(600)\n")
+    roots = cluster(
+        {},
+        "hang.py",
+        "import time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
+        "open(__import__('os').environ['SM_OUTPUT_DATA_DIR'] + f'/up{MPI.COMM_WORLD.rank}', 'w')\n"
+        "MPI.COMM_WORLD.barrier()\ntime.sleep(600)\n",
+    )
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
     marker = roots["127.0.0.1"] / "output" / "data" / "up1"
     eventually(marker.exists, "ranks never started", 120)
@@ -119,8 +152,9 @@ def test_a_worker_host_that_dies_is_named_by_the_leader(cluster):
     doomed = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
     runtime = runtime_of(leader.pid)
     for process in psutil.process_iter(["cmdline"]):
-        if "orted" in (process.info["cmdline"] or [""])[0] and \
-                runtime in " ".join(process.info["cmdline"]):
+        if "orted" in (process.info["cmdline"] or [""])[0] and runtime in " ".join(
+            process.info["cmdline"]
+        ):
             doomed += [process, *process.children(recursive=True)]
     assert any("orted" in p.name() for p in doomed)
     for process in doomed:
@@ -146,14 +180,19 @@ def test_a_leader_whose_worker_never_comes_names_it(cluster):
     output = leader.communicate(timeout=60)[0]
     assert leader.returncode == 3, output
     assert "never reported ready within 3 s: 127.0.0.2" in failure_of(roots["127.0.0.1"])
-    assert not [p for p in psutil.process_iter(["cmdline"])
-                if str(roots["127.0.0.1"]) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(roots["127.0.0.1"]) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()
+    ]
 
 
 def with_interface(roots, name):
     for root in roots.values():
         path = root / "input" / "config" / "resourceconfig.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), "network_interface_name": name}))
+        path.write_text(
+            json.dumps({**json.loads(path.read_text()), "network_interface_name": name})
+        )
     return roots
 
 
@@ -164,15 +203,20 @@ def test_an_interface_the_host_lacks_gives_way_to_the_one_carrying_its_address(c
     leader_output = leader.communicate(timeout=240)[0]
     worker.communicate(timeout=30)
     assert leader.returncode == worker.returncode == 0, leader_output[-3000:]
-    assert ("launcher: network interface ethwe (resourceconfig.json) is not on this host; "
-            "using lo, which carries 127.0.0.1's address 127.0.0.1") in leader_output
+    assert (
+        "launcher: network interface ethwe (resourceconfig.json) is not on this host; "
+        "using lo, which carries 127.0.0.1's address 127.0.0.1"
+    ) in leader_output
     assert "btl_tcp_if_include lo -mca oob_tcp_if_include lo" in leader_output
     assert (roots["127.0.0.1"] / "output" / "data" / "rank1.json").exists()
 
 
 def test_openmpis_own_error_is_the_failure_reason(cluster):
-    roots = cluster({"mpi_options": "-mca btl_tcp_if_include nosuch0 "
-                                    "-mca oob_tcp_if_include nosuch0"}, "probe.py", PROBE)
+    roots = cluster(
+        {"mpi_options": "-mca btl_tcp_if_include nosuch0 -mca oob_tcp_if_include nosuch0"},
+        "probe.py",
+        PROBE,
+    )
     worker, leader = start(roots["127.0.0.2"]), start(roots["127.0.0.1"])
     leader_output = leader.communicate(timeout=120)[0]
     worker.communicate(timeout=30)
@@ -180,4 +224,5 @@ def test_openmpis_own_error_is_the_failure_reason(cluster):
     assert failure_of(roots["127.0.0.1"]) == (
         "mpirun exited with code 1: OpenMPI says: None of the TCP networks specified to be "
         "included for out-of-band communications could be found: Value given: nosuch0 Please "
-        "revise the specification and try again.")
+        "revise the specification and try again."
+    )

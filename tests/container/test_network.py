@@ -7,8 +7,11 @@ from ipaddress import IPv4Interface
 
 from container.network import free_ports, interface_for, local_interfaces
 
-HOST = {"lo": IPv4Interface("127.0.0.1/8"), "eth0": IPv4Interface("172.18.0.3/16"),
-        "eth1": IPv4Interface("10.0.0.7/24")}
+HOST = {
+    "lo": IPv4Interface("127.0.0.1/8"),
+    "eth0": IPv4Interface("172.18.0.3/16"),
+    "eth1": IPv4Interface("10.0.0.7/24"),
+}
 
 
 def test_the_named_interface_when_the_host_has_it():

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import TRAIN, failure_of
 
-ORPHANS = '''
+ORPHANS = """
 import os, time
 from mpi4py import MPI
 child = os.fork()
@@ -30,14 +30,23 @@ for entry in os.listdir("/proc"):
 print(f"ZOMBIES {len(zombies)} {zombies}", flush=True)
 if os.environ.get("FAIL_WITH"):
     raise SystemExit(int(os.environ["FAIL_WITH"]))
-'''
+"""
 
 pytestmark = pytest.mark.skipif(not shutil.which("unshare"), reason="needs util-linux unshare")
 
 
 def run_as_pid1(root, *env):
-    command = ["unshare", "--pid", "--fork", "--mount-proc", "env", *env, str(TRAIN),
-               "--ml-root", str(root)]
+    command = [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "env",
+        *env,
+        str(TRAIN),
+        "--ml-root",
+        str(root),
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 

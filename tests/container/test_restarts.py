@@ -22,24 +22,58 @@ from tests.waiting import eventually
 RANK_FAILED = Outcome.failed(FailureKind.RANK, "rank 1 on algo-1 failed: ValueError: x")
 
 
-@pytest.mark.parametrize("outcome, failed, allowed, expected", [
-    (RANK_FAILED, [Attempt(1, "a", "epoch-000001")], 1, None),
-    (Outcome.failed(FailureKind.HUNG, "no progress"), [Attempt(4, "h", "")], 1, None),
-    (RANK_FAILED, [Attempt(1, "a", "")] * 2, 1, "1 restart(s) allowed (max_restarts), all used"),
-    (RANK_FAILED, [Attempt(1, "a", "epoch-000001")] * 2, 5, "failed twice the same way"),
-    (RANK_FAILED, [Attempt(1, "a", "epoch-000001"), Attempt(1, "a", "epoch-000002")], 5, None),
-    # every rank raises the same bug; which one reports first is chance
-    (RANK_FAILED, [Attempt(1, "rank 1 on host algo-1 failed (exit code 1): ValueError: x", ""),
-                   Attempt(1, "rank 0 on host algo-2 failed (exit code 1): ValueError: x", "")],
-     5, "failed twice the same way"),
-    (RANK_FAILED, [Attempt(1, "rank 1 on host algo-1 failed (exit code 1): ValueError: x", ""),
-                   Attempt(1, "rank 1 on host algo-1 failed (exit code 1): OSError: y", "")],
-     5, None),
-    (Outcome.failed(FailureKind.RANK, "DataError", rank_code=2), [Attempt(2, "d", "")], 5,
-     "not restarted"),
-    (Outcome.failed(FailureKind.STOPPED, "stopped"), [Attempt(143, "s", "")], 5, "not restarted"),
-    (Outcome.failed(FailureKind.CLUSTER, "lost host"), [Attempt(3, "l", "")], 5, "not restarted"),
-])
+@pytest.mark.parametrize(
+    "outcome, failed, allowed, expected",
+    [
+        (RANK_FAILED, [Attempt(1, "a", "epoch-000001")], 1, None),
+        (Outcome.failed(FailureKind.HUNG, "no progress"), [Attempt(4, "h", "")], 1, None),
+        (
+            RANK_FAILED,
+            [Attempt(1, "a", "")] * 2,
+            1,
+            "1 restart(s) allowed (max_restarts), all used",
+        ),
+        (RANK_FAILED, [Attempt(1, "a", "epoch-000001")] * 2, 5, "failed twice the same way"),
+        (RANK_FAILED, [Attempt(1, "a", "epoch-000001"), Attempt(1, "a", "epoch-000002")], 5, None),
+        # every rank raises the same bug; which one reports first is chance
+        (
+            RANK_FAILED,
+            [
+                Attempt(1, "rank 1 on host algo-1 failed (exit code 1): ValueError: x", ""),
+                Attempt(1, "rank 0 on host algo-2 failed (exit code 1): ValueError: x", ""),
+            ],
+            5,
+            "failed twice the same way",
+        ),
+        (
+            RANK_FAILED,
+            [
+                Attempt(1, "rank 1 on host algo-1 failed (exit code 1): ValueError: x", ""),
+                Attempt(1, "rank 1 on host algo-1 failed (exit code 1): OSError: y", ""),
+            ],
+            5,
+            None,
+        ),
+        (
+            Outcome.failed(FailureKind.RANK, "DataError", rank_code=2),
+            [Attempt(2, "d", "")],
+            5,
+            "not restarted",
+        ),
+        (
+            Outcome.failed(FailureKind.STOPPED, "stopped"),
+            [Attempt(143, "s", "")],
+            5,
+            "not restarted",
+        ),
+        (
+            Outcome.failed(FailureKind.CLUSTER, "lost host"),
+            [Attempt(3, "l", "")],
+            5,
+            "not restarted",
+        ),
+    ],
+)
 def test_what_is_restarted(outcome, failed, allowed, expected):
     why = why_not_restart(outcome, failed, allowed)
     assert why is None if expected is None else expected in why
@@ -53,8 +87,9 @@ def attempts_of(root) -> list[dict]:
 def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process | None:
     for child in psutil.Process(launcher.pid).children(recursive=True):
         try:
-            if ("train.rank_main" in " ".join(child.cmdline())
-                    and child.environ().get("OMPI_COMM_WORLD_RANK") == str(rank)):
+            if "train.rank_main" in " ".join(child.cmdline()) and child.environ().get(
+                "OMPI_COMM_WORLD_RANK"
+            ) == str(rank):
                 return child
         except psutil.Error:
             continue
@@ -67,18 +102,24 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_kill
     from that checkpoint, at its step, and the job ends with a never-killed job's weights."""
     whole = make_job(EXACT, name="whole")
     assert (result := run_train(whole)).returncode == 0, result.stdout[-3000:]
-    killed = make_job({**EXACT, "max_restarts": 1, "checkpoint_every_minutes": 0.01},
-                      name="killed")
+    killed = make_job({**EXACT, "max_restarts": 1, "checkpoint_every_minutes": 0.01}, name="killed")
     job, seen = start_until(killed, "METRICS epoch=1 ")
-    eventually(lambda: list((killed / "checkpoints").glob("epoch-000001.*")),  # inside epoch 2
-               "no checkpoint inside epoch 2", 60)
+    eventually(
+        lambda: list((killed / "checkpoints").glob("epoch-000001.*")),  # inside epoch 2
+        "no checkpoint inside epoch 2",
+        60,
+    )
     rank_process(job, 1).send_signal(signal.SIGKILL)
     output = "".join(seen) + job.communicate(timeout=240)[0]
     assert job.returncode == 0, output[-3000:]
-    assert "attempt 1 failed (exit code" in output and "restarting every rank on every host " \
-        "from epoch-000001." in output and "(restart 1 of 1)" in output, output[-3000:]
-    assert re.search(r"trainer: resumed from \S+epoch-000001\.\d+ at epoch 2, step \d+",
-                     output), output[-3000:]
+    assert (
+        "attempt 1 failed (exit code" in output
+        and "restarting every rank on every host from epoch-000001." in output
+        and "(restart 1 of 1)" in output
+    ), output[-3000:]
+    assert re.search(r"trainer: resumed from \S+epoch-000001\.\d+ at epoch 2, step \d+", output), (
+        output[-3000:]
+    )
     assert "the job succeeded after 1 restart(s)" in output
     [attempt] = attempts_of(killed)
     assert attempt["checkpoint"].startswith("epoch-000001.") and "rank 1" in attempt["reason"]
@@ -89,14 +130,14 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_kill
         np.testing.assert_allclose(got[name], value, rtol=1e-3, atol=1e-6, err_msg=name)
 
 
-RAISES_ONCE = '''
+RAISES_ONCE = """
 import os, sys
 marker = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "failed-once")
 if int(os.environ["OMPI_COMM_WORLD_RANK"]) == 1 and not os.path.exists(marker):
     open(marker, "w").close()
     raise RuntimeError("the first attempt of rank 1 fails")
 print("rank", os.environ["OMPI_COMM_WORLD_RANK"], "done", flush=True)
-'''
+"""
 
 
 def test_every_host_takes_part_in_a_restart(cluster):
@@ -106,20 +147,25 @@ def test_every_host_takes_part_in_a_restart(cluster):
     launchers = {host: start(roots[host]) for host in reversed(HOSTS)}
     outputs = {host: launcher.communicate(timeout=180)[0] for host, launcher in launchers.items()}
     leader = outputs[HOSTS[0]]
-    assert {host: launcher.returncode for host, launcher in launchers.items()} == \
-        {host: 0 for host in HOSTS}, leader[-3000:]
+    assert {host: launcher.returncode for host, launcher in launchers.items()} == {
+        host: 0 for host in HOSTS
+    }, leader[-3000:]
     assert "restarting every rank on every host from the start (no checkpoint yet)" in leader
     assert leader.count("rank 1 done") == 1, leader[-2000:]  # rank 0 ran in both attempts
     [attempt] = attempts_of(roots[HOSTS[0]])
     assert "the first attempt of rank 1 fails" in attempt["reason"], attempt
 
 
-@pytest.mark.parametrize("source, code, says", [
-    ('raise ValueError("always the same bug")\n', 1, "failed twice the same way"),
-    ("import sys\nsys.exit(2)\n", 2, "not restarted"),
-])
-def test_a_failure_that_repeats_or_is_the_users_is_not_restarted_on(make_script_job, source,
-                                                                     code, says):
+@pytest.mark.parametrize(
+    "source, code, says",
+    [
+        ('raise ValueError("always the same bug")\n', 1, "failed twice the same way"),
+        ("import sys\nsys.exit(2)\n", 2, "not restarted"),
+    ],
+)
+def test_a_failure_that_repeats_or_is_the_users_is_not_restarted_on(
+    make_script_job, source, code, says
+):
     root = make_script_job("fails.py", {"max_restarts": 3, "processes_per_host": 2}, source)
     result = run_train(root, timeout=180)
     assert result.returncode == code, result.stdout[-2000:] + result.stderr[-2000:]
@@ -129,25 +175,31 @@ def test_a_failure_that_repeats_or_is_the_users_is_not_restarted_on(make_script_
         assert "(attempt 2; every attempt in output/data/attempts.json)" in failure_of(root)
 
 
-HANGS_ONCE = '''
+HANGS_ONCE = """
 import os, time
 marker = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "hung-once")
 if not os.path.exists(marker):
     open(marker, "w").close()
     time.sleep(600)
 print("done", flush=True)
-'''
+"""
 
 
 def test_a_hung_job_is_restarted_and_a_stopped_one_is_not(make_script_job):
-    root = make_script_job("hangs.py", {"max_restarts": 1, "progress_timeout": 120,
-                                        "first_progress_timeout": 120}, HANGS_ONCE)
+    root = make_script_job(
+        "hangs.py",
+        {"max_restarts": 1, "progress_timeout": 120, "first_progress_timeout": 120},
+        HANGS_ONCE,
+    )
     result = run_train(root, timeout=360)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     [attempt] = attempts_of(root)
     assert attempt["exit_code"] == 4 and "no progress" in attempt["reason"], attempt
 
-    stopped = make_script_job("sleeps.py", {"max_restarts": 3},
-                              'import time\nprint("up", flush=True)\ntime.sleep(600)\n',
-                              name="stopped")
+    stopped = make_script_job(
+        "sleeps.py",
+        {"max_restarts": 3},
+        'import time\nprint("up", flush=True)\ntime.sleep(600)\n',
+        name="stopped",
+    )
     assert "restarting" not in stop_job(stopped, "up", delay=0.5)

@@ -11,6 +11,7 @@ import tarfile
 
 import pytest
 
+from container.network import free_port, free_ports
 from container.sdk_handover import sdk_driver
 from job.errors import ConfigError
 from job.paths import MlPaths
@@ -19,18 +20,30 @@ from job.validated import validate_hyperparameters
 from tests.conftest import failure_of, run_train, write_json
 from tests.container.test_multi_host import HOSTS, start
 from tests.s3_server import uninstall, write_wheel
-from container.network import free_port, free_ports
 
 IGNORE = [".env", ".git", "__pycache__", ".DS_Store", ".cache", ".ipynb_checkpoints"]
 
 
-def sdk3_files(root, entry_script="train.py", command=None, requirements=None,
-               source_dir="/home/me/src", distributed=None):
+def sdk3_files(
+    root,
+    entry_script="train.py",
+    command=None,
+    requirements=None,
+    source_dir="/home/me/src",
+    distributed=None,
+):
     """What ModelTrainer writes into the sm_drivers channel."""
     drivers = root / "input" / "data" / "sm_drivers"
-    write_json(drivers / "sourcecode.json", {
-        "source_dir": source_dir, "requirements": requirements, "entry_script": entry_script,
-        "command": command, "ignore_patterns": IGNORE})
+    write_json(
+        drivers / "sourcecode.json",
+        {
+            "source_dir": source_dir,
+            "requirements": requirements,
+            "entry_script": entry_script,
+            "command": command,
+            "ignore_patterns": IGNORE,
+        },
+    )
     write_json(drivers / "distributed.json", distributed or {})
     config = root / "input" / "config" / "inputdataconfig.json"
     channels = json.loads(config.read_text())
@@ -44,10 +57,11 @@ def sdk3_files(root, entry_script="train.py", command=None, requirements=None,
 def plan(root):
     result = run_train(root, "--dry-run")
     assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout[result.stdout.index("\n{") + 1:])  # after the fetch's line
+    return json.loads(result.stdout[result.stdout.index("\n{") + 1 :])  # after the fetch's line
 
 
 # --- reading the SDK's files ------------------------------------------------------------------
+
 
 def test_a_job_without_sm_drivers_has_no_source_code(make_job):
     assert read_source_code(MlPaths(make_job({}))) is None
@@ -55,11 +69,20 @@ def test_a_job_without_sm_drivers_has_no_source_code(make_job):
 
 def test_mpi_settings_become_the_launchers(make_job):
     root = make_job({})
-    sdk3_files(root, distributed={"process_count_per_node": 3,
-                                  "mpi_additional_options": ["-x", "NCCL_DEBUG=INFO"]})
+    sdk3_files(
+        root,
+        distributed={
+            "process_count_per_node": 3,
+            "mpi_additional_options": ["-x", "NCCL_DEBUG=INFO"],
+        },
+    )
     source = read_source_code(MlPaths(root))
-    assert (source.entry_script, source.distribution, source.processes_per_host,
-            source.mpi_options) == ("train.py", "mpi", 3, ("-x", "NCCL_DEBUG=INFO"))
+    assert (
+        source.entry_script,
+        source.distribution,
+        source.processes_per_host,
+        source.mpi_options,
+    ) == ("train.py", "mpi", 3, ("-x", "NCCL_DEBUG=INFO"))
     settings = validate_hyperparameters({"mpi_options": "-x NCCL_DEBUG=WARN"}, {}, source)
     # the hyperparameter comes last, so it wins for the same key
     assert settings.launch.mpi_options == "-x NCCL_DEBUG=INFO -x NCCL_DEBUG=WARN"
@@ -71,19 +94,28 @@ def test_a_hyperparameter_beats_the_sdk_files(make_job):
     root = make_job({})
     sdk3_files(root, distributed={"process_count_per_node": 3, "mpi_additional_options": None})
     settings = validate_hyperparameters(
-        {"processes_per_host": "1", "sagemaker_program": "other.py"}, {},
-        read_source_code(MlPaths(root)))
+        {"processes_per_host": "1", "sagemaker_program": "other.py"},
+        {},
+        read_source_code(MlPaths(root)),
+    )
     assert (settings.program, settings.launch.processes_per_host) == ("other.py", 1)
 
 
-@pytest.mark.parametrize("distributed, message", [
-    ({"process_count_per_node": None, "smp": None}, "use distributed=MPI"),
-    ({"process_count_per_node": 0, "mpi_additional_options": None},
-     "process_count_per_node must be a positive whole number, got 0"),
-    ({"process_count_per_node": 2, "mpi_additional_options": "-x A=1"},
-     "mpi_additional_options must be a list of strings"),
-    ({"pipeline_parallel": 4}, "unknown distributed= configuration"),
-])
+@pytest.mark.parametrize(
+    "distributed, message",
+    [
+        ({"process_count_per_node": None, "smp": None}, "use distributed=MPI"),
+        (
+            {"process_count_per_node": 0, "mpi_additional_options": None},
+            "process_count_per_node must be a positive whole number, got 0",
+        ),
+        (
+            {"process_count_per_node": 2, "mpi_additional_options": "-x A=1"},
+            "mpi_additional_options must be a list of strings",
+        ),
+        ({"pipeline_parallel": 4}, "unknown distributed= configuration"),
+    ],
+)
 def test_distributed_configs_this_image_cannot_run(make_job, distributed, message):
     root = make_job({})
     sdk3_files(root, distributed=distributed)
@@ -96,8 +128,7 @@ def test_a_shell_entry_script_is_refused_with_the_way_out(make_job):
     root = make_job({})
     sdk3_files(root, entry_script="run.sh")
     assert run_train(root).returncode == 2
-    assert "give a .py file (a shell script can run as SourceCode(command=...))" \
-        in failure_of(root)
+    assert "give a .py file (a shell script can run as SourceCode(command=...))" in failure_of(root)
 
 
 def test_broken_sdk_files_name_the_file(make_job):
@@ -110,11 +141,13 @@ def test_broken_sdk_files_name_the_file(make_job):
 
 # --- what the launcher plans ---------------------------------------------------------------
 
+
 def test_the_entry_script_runs_in_script_mode_with_the_sdks_arguments(make_job):
     # SDK 3 sends no sagemaker_* keys; strings as they are, everything else as JSON
     root = make_job({"epochs": "3", "optimizer": "adam", "layers": "[64, 32]"})
-    code = sdk3_files(root, distributed={"process_count_per_node": 2,
-                                         "mpi_additional_options": ["-x", "FOO=1"]})
+    code = sdk3_files(
+        root, distributed={"process_count_per_node": 2, "mpi_additional_options": ["-x", "FOO=1"]}
+    )
     (code / "train.py").write_text("print('hi')\n")
     job = plan(root)
     assert (job["mode"], job["program"], job["processes_per_host"]) == ("script", "train.py", 2)
@@ -152,21 +185,29 @@ def test_a_tar_gz_source_dir_is_unpacked_into_the_code_folder(make_job, tmp_path
 
 # --- the SDK's driver handed to the launcher -----------------------------------------------
 
-@pytest.mark.parametrize("argv, driver", [
-    (["/opt/ml/input/data/sm_drivers/distributed_drivers/mpi_driver.py"], "mpi_driver.py"),
-    (["/opt/ml/input/data/sm_drivers/distributed_drivers/basic_script_driver.py"],
-     "basic_script_driver.py"),
-    (["/opt/ml/input/data/code/mpi_driver.py"], ""),  # a user's file of that name
-    (["/opt/ml/input/data/sm_drivers/scripts/environment.py"], ""),
-    (["-c"], ""), ([""], ""), ([], ""),
-])
+
+@pytest.mark.parametrize(
+    "argv, driver",
+    [
+        (["/opt/ml/input/data/sm_drivers/distributed_drivers/mpi_driver.py"], "mpi_driver.py"),
+        (
+            ["/opt/ml/input/data/sm_drivers/distributed_drivers/basic_script_driver.py"],
+            "basic_script_driver.py",
+        ),
+        (["/opt/ml/input/data/code/mpi_driver.py"], ""),  # a user's file of that name
+        (["/opt/ml/input/data/sm_drivers/scripts/environment.py"], ""),
+        (["-c"], ""),
+        ([""], ""),
+        ([], ""),
+    ],
+)
 def test_which_processes_are_the_sdks_drivers(argv, driver):
     assert sdk_driver(argv) == driver
 
 
 # --- for real: two hosts on loopback ------------------------------------------------------
 
-SCRIPT = '''
+SCRIPT = """
 import os, sys
 import numpy as np
 import tensorflow as tf
@@ -189,7 +230,7 @@ if hvd.rank() == int(os.environ.get("FAIL_RANK", "-1")):
 open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank{{hvd.rank()}}-{{os.environ['SM_CURRENT_HOST']}}"), "w")
 if hvd.rank() == 0:
     model.save(os.path.join(os.environ["SM_MODEL_DIR"], "model.keras"))
-'''
+"""
 
 
 @pytest.fixture
@@ -202,14 +243,21 @@ def sdk3_cluster(make_job, tmp_path):
     wheel = write_wheel(source / "wheels", package, "1.0", "EPOCHS = 2\n")
     (source / "requirements-train.txt").write_text(f"./wheels/{wheel.name}\n")
     sshd, coordinator = free_ports(2)
-    ports = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 60,
-             "leader_timeout": 60, "heartbeat_timeout": 10}
+    ports = {
+        "sshd_port": sshd,
+        "coordinator_port": coordinator,
+        "host_timeout": 60,
+        "leader_timeout": 60,
+        "heartbeat_timeout": 10,
+    }
     roots = {}
     for host in HOSTS:
         roots[host] = make_job({**ports, "epochs": "2"}, hosts=HOSTS, current=host)
-        code = sdk3_files(roots[host], requirements="requirements-train.txt",
-                          distributed={"process_count_per_node": 1,
-                                       "mpi_additional_options": None})
+        code = sdk3_files(
+            roots[host],
+            requirements="requirements-train.txt",
+            distributed={"process_count_per_node": 1, "mpi_additional_options": None},
+        )
         subprocess.run(["cp", "-r", f"{source}/.", str(code)], check=True)
     yield roots
     uninstall(package)
@@ -242,16 +290,22 @@ def test_a_failing_rank_names_its_host_and_line(sdk3_cluster):
     leader, worker, output = run_cluster(sdk3_cluster, {"FAIL_RANK": "1"})
     assert leader == worker == 1, output[-3000:]
     reason = failure_of(sdk3_cluster[HOSTS[1]])
-    assert reason.startswith("rank 1 on host 127.0.0.2 failed (exit code 1): "
-                             "AssertionError: the model has weights (at train.py, line"), reason
+    assert reason.startswith(
+        "rank 1 on host 127.0.0.2 failed (exit code 1): "
+        "AssertionError: the model has weights (at train.py, line"
+    ), reason
 
 
 def test_the_handover_is_plain_python():
     """It runs in every interpreter of the image: importing it must not import our packages."""
-    probe = ("import sys, runpy; runpy.run_path(sys.argv[1]); "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('job', 'container', 'train', 'serve')))")
+    probe = (
+        "import sys, runpy; runpy.run_path(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('job', 'container', 'train', 'serve')))"
+    )
     import container.sdk_handover as module
-    result = subprocess.run([sys.executable, "-c", probe, module.__file__],
-                            capture_output=True, text=True, check=True)
+
+    result = subprocess.run(
+        [sys.executable, "-c", probe, module.__file__], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "[]"

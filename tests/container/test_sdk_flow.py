@@ -29,7 +29,7 @@ from tests.serve.serve_testing import Server
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
-SCRIPT = '''
+SCRIPT = """
 import os
 import numpy as np
 import tensorflow as tf
@@ -47,7 +47,7 @@ model.compile(optimizer=distributed.optimizer(tf.keras.optimizers.Adam(0.01)),
 model.fit(x, y, batch_size=32, epochs=2, callbacks=distributed.callbacks(), verbose=0)
 if distributed.is_leader():
     model.save(os.path.join(os.environ["SM_MODEL_DIR"], "model"))
-'''
+"""
 
 
 def installed(package: str) -> bool:
@@ -76,21 +76,37 @@ def submitted(tmp_path, s3_server, package):  # noqa: F811
     return s3_server.upload("sm11-sagemaker-us-east-1", "job-1/source/sourcedir.tar.gz", archive)
 
 
-def test_source_dir_job_across_two_hosts_then_serve(make_job, submitted, s3_server, package,  # noqa: F811
-                                                   tmp_path):
+def test_source_dir_job_across_two_hosts_then_serve(
+    make_job,
+    submitted,
+    s3_server,
+    package,  # noqa: F811
+    tmp_path,
+):
     sshd, coordinator = free_ports(2)
-    values = {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 120,
-              "leader_timeout": 120, "heartbeat_timeout": 10, "processes_per_host": 1,
-              "sagemaker_submit_directory": json.dumps(submitted),
-              "sagemaker_program": json.dumps("train.py"),
-              "sagemaker_region": json.dumps("us-east-1")}
+    values = {
+        "sshd_port": sshd,
+        "coordinator_port": coordinator,
+        "host_timeout": 120,
+        "leader_timeout": 120,
+        "heartbeat_timeout": 10,
+        "processes_per_host": 1,
+        "sagemaker_submit_directory": json.dumps(submitted),
+        "sagemaker_program": json.dumps("train.py"),
+        "sagemaker_region": json.dumps("us-east-1"),
+    }
     roots = {host: make_job(values, hosts=HOSTS, current=host) for host in HOSTS}
     env = {**os.environ, **s3_server.environment()}
 
     def start(host):
-        return subprocess.Popen([str(TRAIN), "--ml-root", str(roots[host])],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, env=env)
+        return subprocess.Popen(
+            [str(TRAIN), "--ml-root", str(roots[host])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
 
     worker = start("127.0.0.2")
     # Both "hosts" share this machine's Python: let the worker's pip finish before the
@@ -113,16 +129,20 @@ def test_source_dir_job_across_two_hosts_then_serve(make_job, submitted, s3_serv
     assert (model_dir / "model" / "saved_model.pb").is_file()
     assert not (model_dir / "metadata.json").exists()  # a plain model.save, nothing else
 
-    table = np.loadtxt(roots["127.0.0.1"] / "input" / "data" / "validation" / "digits.csv",
-                       delimiter=",")
+    table = np.loadtxt(
+        roots["127.0.0.1"] / "input" / "data" / "validation" / "digits.csv", delimiter=","
+    )
     labels, rows = table[:, 0].astype(int), table[:, 1:].astype(np.float32) / 16.0
-    server = Server(roots["127.0.0.1"], tmp_path / "serve.log",
-                    SAGEMAKER_MODEL_SERVER_WORKERS="1")
+    server = Server(roots["127.0.0.1"], tmp_path / "serve.log", SAGEMAKER_MODEL_SERVER_WORKERS="1")
     try:
         server.healthy()
         csv_body = "\n".join(",".join(f"{v:g}" for v in row) for row in rows)
-        answer = server.answer("POST", "/invocations", data=csv_body,
-                               headers={"Content-Type": "text/csv", "Accept": "text/csv"})
+        answer = server.answer(
+            "POST",
+            "/invocations",
+            data=csv_body,
+            headers={"Content-Type": "text/csv", "Accept": "text/csv"},
+        )
         assert answer.status_code == 200, answer.text
         from_csv = np.loadtxt(answer.text.splitlines(), delimiter=",")
         assert from_csv.shape == (len(rows), 10)
@@ -136,16 +156,23 @@ def test_source_dir_job_across_two_hosts_then_serve(make_job, submitted, s3_serv
         # records go in mini-batches, and the answers are joined with a newline each.
         lines = csv_body.split("\n")
         for accept in ("text/csv", "application/jsonlines"):
-            answers = [server.answer("POST", "/invocations", data="\n".join(lines[i:i + 50]),
-                                     headers={"Content-Type": "text/csv", "Accept": accept})
-                       for i in range(0, len(lines), 50)]
+            answers = [
+                server.answer(
+                    "POST",
+                    "/invocations",
+                    data="\n".join(lines[i : i + 50]),
+                    headers={"Content-Type": "text/csv", "Accept": accept},
+                )
+                for i in range(0, len(lines), 50)
+            ]
             assert all(a.status_code == 200 for a in answers)
             assembled = "".join(a.text + "\n" for a in answers).splitlines()
             assert len(assembled) == len(lines) and all(assembled), accept
 
         # model.save kept Horovod's DistributedOptimizer, whose ops only Horovod registers.
-        called = call_savedmodel(model_dir / "model", rows[:25], tmp_path,
-                                 str(horovod_op_library()))
+        called = call_savedmodel(
+            model_dir / "model", rows[:25], tmp_path, str(horovod_op_library())
+        )
         (outputs,) = called["outputs"].values()
         np.testing.assert_allclose(outputs, from_json[:25], atol=1e-6)
     finally:

@@ -18,7 +18,7 @@ from tests.container.test_multi_host import HOSTS, cluster, start  # noqa: F401
 from tests.waiting import eventually
 
 # A helper that writes its pid, then keeps the inherited stdout for a minute.
-HELPER = '''
+HELPER = """
 import os, signal, sys, time
 if "--ignore-stop" in sys.argv:  # the launcher's stop and stack requests (through mpirun)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -31,7 +31,7 @@ with open(sys.argv[1], "w") as out:
     out.write(str(os.getpid()))
 print("helper running", flush=True)
 time.sleep(60)
-'''
+"""
 
 
 def running(pid: int) -> bool:
@@ -43,16 +43,19 @@ def running(pid: int) -> bool:
 
 
 def wait_for_pid(path: Path, timeout: float = 30) -> int:
-    return int(eventually(lambda: path.exists() and path.read_text(), f"no pid in {path}",
-                          timeout))
+    return int(eventually(lambda: path.exists() and path.read_text(), f"no pid in {path}", timeout))
 
 
 def program(tmp_path: Path, *helper_args: str, then: str) -> list[str]:
     """A program that starts the helper (its pid in tmp_path/helper.pid), then runs `then`."""
     (tmp_path / "helper.py").write_text(HELPER)
-    return [sys.executable, "-c", f"import subprocess, sys, time\n"
-            f"subprocess.Popen([sys.executable, {str(tmp_path / 'helper.py')!r}, "
-            f"{str(tmp_path / 'helper.pid')!r}, *{list(helper_args)!r}])\n{then}"]
+    return [
+        sys.executable,
+        "-c",
+        f"import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, {str(tmp_path / 'helper.py')!r}, "
+        f"{str(tmp_path / 'helper.pid')!r}, *{list(helper_args)!r}])\n{then}",
+    ]
 
 
 def test_a_helper_that_ignores_sigterm_is_killed_with_the_program(tmp_path, capfd):
@@ -85,8 +88,7 @@ def test_what_a_program_leaves_behind_is_ended_as_it_exits(tmp_path, capfd):
     assert session.members() == {}
 
 
-def test_the_output_ends_when_the_session_is_empty_though_an_escaped_process_holds_it(
-        tmp_path):
+def test_the_output_ends_when_the_session_is_empty_though_an_escaped_process_holds_it(tmp_path):
     """A daemon that made a session of its own (setsid) keeps the pipe open: the launcher
     stops reading once nothing of the program's session is left, not at the pipe's end."""
     session = Session(program(tmp_path, "--own-session", then="time.sleep(0.5)"))
@@ -102,7 +104,7 @@ def test_the_output_ends_when_the_session_is_empty_though_an_escaped_process_hol
 
 # A rank that leaves a helper behind (its pid in helper-RANK.pid, its own in rank-RANK.pid)
 # and completes; the helper holds the rank's output for 60 s and ignores the stop.
-RANK_WITH_HELPER = '''
+RANK_WITH_HELPER = """
 import os, subprocess, sys
 from mpi4py import MPI
 out, rank = os.environ["SM_OUTPUT_DATA_DIR"], os.environ["OMPI_COMM_WORLD_RANK"]
@@ -111,7 +113,7 @@ subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "helpe
 with open(os.path.join(out, f"rank-{rank}.pid"), "w") as pid:
     pid.write(str(os.getpid()))
 print("rank done", flush=True)
-'''
+"""
 
 
 def stop_after_the_ranks(launchers: dict, roots: dict, ranks: int) -> tuple[dict, float, list]:
@@ -127,16 +129,16 @@ def stop_after_the_ranks(launchers: dict, roots: dict, ranks: int) -> tuple[dict
     started = time.monotonic()
     for launcher in launchers.values():
         launcher.send_signal(signal.SIGTERM)
-    outputs = {host: launcher.communicate(timeout=90)[0] for host, launcher in
-               launchers.items()}
+    outputs = {host: launcher.communicate(timeout=90)[0] for host, launcher in launchers.items()}
     return outputs, time.monotonic() - started, helpers
 
 
 def test_a_stop_ends_the_helper_a_rank_left_with_the_job_within_the_grace(make_script_job):
     """mpirun waits for the helper to close the rank's output. A stop then ends the job within
     the grace and the ranks' stack time, the helper with it."""
-    root = make_script_job("helper.py", {"processes_per_host": 1, "stop_grace": 2},
-                           RANK_WITH_HELPER)
+    root = make_script_job(
+        "helper.py", {"processes_per_host": 1, "stop_grace": 2}, RANK_WITH_HELPER
+    )
     job = start(root)
     outputs, took, helpers = stop_after_the_ranks({"leader": job}, [root], 1)
     assert job.returncode == 143, outputs["leader"][-3000:]
@@ -151,7 +153,8 @@ def test_a_stop_ends_the_helper_a_rank_left_on_a_worker(cluster):
     launchers = {host: start(root) for host, root in reversed(roots.items())}
     outputs, took, helpers = stop_after_the_ranks(launchers, list(roots.values()), 2)
     worker = outputs[HOSTS[1]]
-    assert {host: launcher.returncode for host, launcher in launchers.items()} == \
-        dict.fromkeys(HOSTS, 143), outputs[HOSTS[0]][-3000:]
+    assert {host: launcher.returncode for host, launcher in launchers.items()} == dict.fromkeys(
+        HOSTS, 143
+    ), outputs[HOSTS[0]][-3000:]
     assert took < 2 + STACK_GRACE + 10, outputs[HOSTS[0]][-3000:]
     assert [running(helper) for helper in helpers] == [False, False], worker[-3000:]

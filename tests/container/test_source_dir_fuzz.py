@@ -18,25 +18,63 @@ from hypothesis import strategies as st
 
 from container.source_dir import extract
 from job.errors import ConfigError
-
 from tests.fuzzing import fuzz
 
 URI = "s3://sm11-jobs/fuzzed.tar.gz"
-KINDS = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE,
-         tarfile.FIFOTYPE, tarfile.CHRTYPE, b"7", b"Z"]
+KINDS = [
+    tarfile.REGTYPE,
+    tarfile.REGTYPE,
+    tarfile.DIRTYPE,
+    tarfile.SYMTYPE,
+    tarfile.LNKTYPE,
+    tarfile.FIFOTYPE,
+    tarfile.CHRTYPE,
+    b"7",
+    b"Z",
+]
 
 # Names from parts that mean something to a path: folders, links, parents, NUL, non-ASCII.
-name_parts = st.sampled_from(["a", "b", "lib", ".", "..", "", "x.py", "\x00", "\u00e9",
-                              "d" * 120, "..."])
+name_parts = st.sampled_from(
+    ["a", "b", "lib", ".", "..", "", "x.py", "\x00", "\u00e9", "d" * 120, "..."]
+)
 names = st.lists(name_parts, min_size=1, max_size=5).map("/".join) | st.text(max_size=20)
 pax_fields = st.dictionaries(
-    st.sampled_from(["path", "linkpath", "mtime", "size", "uid", "gid", "uname", "atime",
-                     "GNU.sparse.size", "GNU.sparse.realsize", "comment"]),
-    st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "1e400", "99999999999999999999",
-                               "\u0661\u0662", "0x10", ""]), names),
-    max_size=3)
-members = st.tuples(names, st.sampled_from(KINDS), names, st.integers(0, 0o7777),
-                    st.integers(0, 2048), pax_fields)
+    st.sampled_from(
+        [
+            "path",
+            "linkpath",
+            "mtime",
+            "size",
+            "uid",
+            "gid",
+            "uname",
+            "atime",
+            "GNU.sparse.size",
+            "GNU.sparse.realsize",
+            "comment",
+        ]
+    ),
+    st.one_of(
+        st.sampled_from(
+            [
+                "nan",
+                "inf",
+                "-inf",
+                "-1",
+                "1e400",
+                "99999999999999999999",
+                "\u0661\u0662",
+                "0x10",
+                "",
+            ]
+        ),
+        names,
+    ),
+    max_size=3,
+)
+members = st.tuples(
+    names, st.sampled_from(KINDS), names, st.integers(0, 0o7777), st.integers(0, 2048), pax_fields
+)
 
 
 def archive(entries, format) -> bytes:
@@ -54,8 +92,11 @@ def archive(entries, format) -> bytes:
     return buffer.getvalue()
 
 
-built = st.builds(archive, st.lists(members, max_size=6),
-                  st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT]))
+built = st.builds(
+    archive,
+    st.lists(members, max_size=6),
+    st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT]),
+)
 
 
 def flip(data: bytes, flips: list[tuple[int, int]]) -> bytes:
@@ -66,11 +107,15 @@ def flip(data: bytes, flips: list[tuple[int, int]]) -> bytes:
     return bytes(mutable)
 
 
-mutated = st.builds(flip, built, st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)),
-                                          min_size=1, max_size=8))
+mutated = st.builds(
+    flip,
+    built,
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8),
+)
 truncated = st.builds(lambda data, keep: data[:keep], built, st.integers(0, 4096))
 archives = st.tuples(st.one_of(built, mutated, truncated), st.booleans()).map(
-    lambda pair: gzip.compress(pair[0], mtime=0) if pair[1] else pair[0])
+    lambda pair: gzip.compress(pair[0], mtime=0) if pair[1] else pair[0]
+)
 
 
 @fuzz("source_dir archives", max_examples=250, data=archives)
@@ -85,8 +130,11 @@ def test_any_archive_is_unpacked_or_refused_with_a_config_error(data):
             extract(root / "archive.tar.gz", staging, URI, max_mb=1)
         except ConfigError as error:
             assert str(error).startswith(f"submit directory {URI!r} "), error
-        outside = {os.path.relpath(os.path.join(folder, name), root)
-                   for folder, folders, files in os.walk(root) for name in folders + files}
+        outside = {
+            os.path.relpath(os.path.join(folder, name), root)
+            for folder, folders, files in os.walk(root)
+            for name in folders + files
+        }
         outside = {path for path in outside if not path.startswith("a/b/staging")}
         assert outside == {"outside.txt", "archive.tar.gz", "a", "a/b"}, outside
         assert (root / "outside.txt").read_text() == "kept"

@@ -14,7 +14,6 @@ import pytest
 from container.source_dir import MB, extract
 from container.untar import MAX_HEADER_BYTES
 from job.errors import ConfigError
-
 from tests.container.test_source_dir import SCRIPT, dry_run, expect_config_error, job
 
 URI = "s3://sm11-jobs/hostile.tar.gz"
@@ -69,22 +68,26 @@ def assert_left_as_it_was(root, before):
 def test_a_gzip_bomb_stops_the_job_at_the_member_past_the_limit(make_job, tmp_path):
     """Through the real launcher: 8 MiB of zeros (about 8 KB in the archive) after 600 KiB,
     against submit_directory_max_mb=1: the second file passes the limit and is not written."""
-    archive = archive_of(tmp_path / "bomb.tar.gz",
-                         file_member("train.py", data=SCRIPT.encode()),
-                         file_member("small.bin", 600 * 1024),
-                         file_member("zeros.bin", 8 * MB))
+    archive = archive_of(
+        tmp_path / "bomb.tar.gz",
+        file_member("train.py", data=SCRIPT.encode()),
+        file_member("small.bin", 600 * 1024),
+        file_member("zeros.bin", 8 * MB),
+    )
     assert archive.stat().st_size < 64 * 1024
     root = job(make_job, str(archive), submit_directory_max_mb="1")
     before = a_code_folder(root)
-    expect_config_error(root, f"submit directory {str(archive)!r} cannot be unpacked: member "
-                        f"'zeros.bin' is {8 * MB} bytes unpacked, which takes the archive's "
-                        f"files past the limit of {MB} bytes (submit_directory_max_mb=1); leave "
-                        "large files out of source_dir")
+    expect_config_error(
+        root,
+        f"submit directory {str(archive)!r} cannot be unpacked: member "
+        f"'zeros.bin' is {8 * MB} bytes unpacked, which takes the archive's "
+        f"files past the limit of {MB} bytes (submit_directory_max_mb=1); leave "
+        "large files out of source_dir",
+    )
     assert_left_as_it_was(root, before)
 
 
-def test_a_sparse_member_larger_than_the_disk_is_refused_before_it_is_written(make_job,
-                                                                             tmp_path):
+def test_a_sparse_member_larger_than_the_disk_is_refused_before_it_is_written(make_job, tmp_path):
     """GNU tar's sparse format: a file of more than the disk's free space, a few hundred
     bytes in the archive. The default limit, half the free space, refuses it through the
     real launcher, and nothing of it is written."""
@@ -95,21 +98,37 @@ def test_a_sparse_member_larger_than_the_disk_is_refused_before_it_is_written(ma
     with open(sparse, "wb") as handle:
         handle.truncate(declared)
     archive = tmp_path / "sparse.tar.gz"
-    subprocess.run(["tar", "--sparse", "-czf", str(archive), "-C", str(sparse.parent),
-                    "train.py", "holes.bin"], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "--sparse",
+            "-czf",
+            str(archive),
+            "-C",
+            str(sparse.parent),
+            "train.py",
+            "holes.bin",
+        ],
+        check=True,
+    )
     sparse.unlink()
     assert archive.stat().st_size < 4096
     root = job(make_job, str(archive))
     before = a_code_folder(root)
-    expect_config_error(root, f"member 'holes.bin' is {declared} bytes unpacked",
-                        "MB free on the code folder's disk; the hyperparameter "
-                        "submit_directory_max_mb sets it")
+    expect_config_error(
+        root,
+        f"member 'holes.bin' is {declared} bytes unpacked",
+        "MB free on the code folder's disk; the hyperparameter submit_directory_max_mb sets it",
+    )
     assert_left_as_it_was(root, before)
 
 
 def test_an_archive_within_the_limit_is_unpacked_whole(tmp_path):
-    archive = archive_of(tmp_path / "s.tar.gz", file_member("train.py", data=SCRIPT.encode()),
-                         file_member("data.bin", MB - len(SCRIPT)))
+    archive = archive_of(
+        tmp_path / "s.tar.gz",
+        file_member("train.py", data=SCRIPT.encode()),
+        file_member("data.bin", MB - len(SCRIPT)),
+    )
     (tmp_path / "staging").mkdir()
     extract(archive, tmp_path / "staging", URI, max_mb=1)
     assert (tmp_path / "staging" / "data.bin").stat().st_size == MB - len(SCRIPT)
@@ -126,23 +145,30 @@ def pax(name, headers, kind=tarfile.REGTYPE, **fields):
 HOSTILE = {
     "a NUL byte in a pax path": (
         [pax("plain.py", {"path": "evil\x00.py"})],
-        "member 'evil\\x00.py' has a NUL byte in its name"),
+        "member 'evil\\x00.py' has a NUL byte in its name",
+    ),
     "a NUL byte in a pax linkpath": (
         [pax("link", {"linkpath": "train.py\x00/../../x"}, tarfile.SYMTYPE)],
-        "member 'link' has a NUL byte in its link target"),
+        "member 'link' has a NUL byte in its link target",
+    ),
     "a NaN mtime": (
         [pax("train.py", {"mtime": "nan"})],
-        "member 'train.py' has the modification time nan, which is not a time"),
+        "member 'train.py' has the modification time nan, which is not a time",
+    ),
     "an infinite mtime": (
         [pax("train.py", {"mtime": "inf"})],
-        "member 'train.py' has the modification time inf, which is not a time"),
+        "member 'train.py' has the modification time inf, which is not a time",
+    ),
     "a pax number that is not one (found by fuzzing)": (
         [pax("lib.py", {"GNU.sparse.size": "nan"})],
         "the header of the first member cannot be read: invalid literal for int() with base "
-        "10: 'nan'"),
+        "10: 'nan'",
+    ),
     "a pax header of 8 MiB of zeros": (
-        "pax_bomb", f"is an extended header of {8 * MB} bytes, more than the "
-                    f"{MAX_HEADER_BYTES} any real archive needs"),
+        "pax_bomb",
+        f"is an extended header of {8 * MB} bytes, more than the "
+        f"{MAX_HEADER_BYTES} any real archive needs",
+    ),
 }
 
 
@@ -176,8 +202,11 @@ def test_a_hostile_field_is_refused_naming_the_member(tmp_path, case):
 
 def test_a_nul_byte_in_a_path_stops_the_launcher_with_exit_code_2(make_job, tmp_path):
     """It was exit code 1, "internal error", with a traceback."""
-    archive = archive_of(tmp_path / "nul.tar.gz", file_member("train.py", data=SCRIPT.encode()),
-                         pax("plain.py", {"path": "lib/evil\x00.py"}))
+    archive = archive_of(
+        tmp_path / "nul.tar.gz",
+        file_member("train.py", data=SCRIPT.encode()),
+        pax("plain.py", {"path": "lib/evil\x00.py"}),
+    )
     root = job(make_job, str(archive))
     before = a_code_folder(root)
     expect_config_error(root, "member 'lib/evil\\x00.py' has a NUL byte in its name")

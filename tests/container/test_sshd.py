@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from container import sshd
-from job.errors import PlatformError
 from container.network import free_port
-
+from job.errors import PlatformError
 
 HOST = "algo-7"  # a SageMaker-style name that does not resolve on this machine
 
@@ -31,8 +30,9 @@ def job_sshd(monkeypatch, session_env):
     files = sshd.make_runtime(runtime)
     public_key = sshd.make_client_key(files)
     port = free_port()
-    process, host_key = sshd.start_sshd(files, address="127.0.0.1", port=port,
-                                        authorized_key=public_key)
+    process, host_key = sshd.start_sshd(
+        files, address="127.0.0.1", port=port, authorized_key=public_key
+    )
     files.known_hosts.write_text(sshd.known_hosts_line(HOST, port, host_key))
     files.client_config.write_text(sshd.client_config({HOST: "127.0.0.1"}, port))
     try:
@@ -66,13 +66,17 @@ def test_a_runtime_folder_others_can_read_is_refused(tmp_path):
         sshd.make_runtime(tmp_path)
 
 
-HOST_OWN = {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/a b\"c'd\\e #f $HOME `x`",
-            "ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/caf\u00e9-2",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN": ""}
+HOST_OWN = {
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/a b\"c'd\\e #f $HOME `x`",
+    "ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/caf\u00e9-2",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN": "",
+}
 
 
-@pytest.mark.parametrize("session_env", [{**HOST_OWN, "ECS_AGENT_URI": "two\nlines",
-                                          "USER_SETTING": "the launcher's own"}])
+@pytest.mark.parametrize(
+    "session_env",
+    [{**HOST_OWN, "ECS_AGENT_URI": "two\nlines", "USER_SETTING": "the launcher's own"}],
+)
 def test_sessions_get_this_hosts_own_values_exactly(capsys, job_sshd):
     """What starts the ranks over ssh gets this host's credentials and metadata endpoints,
     quotes, backslashes, `#`, `$` and all; a value sshd_config cannot hold is left out with
@@ -84,14 +88,19 @@ def test_sessions_get_this_hosts_own_values_exactly(capsys, job_sshd):
     session = dict(line.split("=", 1) for line in result.stdout.split("\0") if line)
     assert {name: session.get(name) for name in HOST_OWN} == HOST_OWN
     assert "ECS_AGENT_URI" not in session and "USER_SETTING" not in session
-    assert ("launcher: the ranks this host's sshd starts do not get ECS_AGENT_URI: its value "
-            "holds a line break or another control character, which sshd_config cannot hold"
-            ) in capsys.readouterr().out
+    assert (
+        "launcher: the ranks this host's sshd starts do not get ECS_AGENT_URI: its value "
+        "holds a line break or another control character, which sshd_config cannot hold"
+    ) in capsys.readouterr().out
 
 
 def test_no_setenv_without_host_own_variables():
-    text, skipped = sshd.sshd_config(Path("/run/job"), address="10.0.0.1", port=2222,
-                                     environ={"PATH": "/usr/bin", "AWS_REGION": "eu-west-1"})
+    text, skipped = sshd.sshd_config(
+        Path("/run/job"),
+        address="10.0.0.1",
+        port=2222,
+        environ={"PATH": "/usr/bin", "AWS_REGION": "eu-west-1"},
+    )
     assert "SetEnv" not in text and skipped == []
 
 
@@ -103,11 +112,14 @@ def test_a_host_reached_by_its_pinned_address_is_still_checked_by_its_name(job_s
         socket.getaddrinfo(HOST, port)
     assert ssh(files, port).stdout.strip() == "ok"
     genuine = files.known_hosts.read_text()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")],
-                   check=True)
-    files.known_hosts.write_text(sshd.known_hosts_line(
-        HOST, port, (tmp_path / "other.pub").read_text()))
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True
+    )
+    files.known_hosts.write_text(
+        sshd.known_hosts_line(HOST, port, (tmp_path / "other.pub").read_text())
+    )
     impostor = ssh(files, port)
     files.known_hosts.write_text(genuine)
-    assert impostor.returncode == 255 and "Host key verification failed" in impostor.stderr, \
+    assert impostor.returncode == 255 and "Host key verification failed" in impostor.stderr, (
         impostor.stderr
+    )

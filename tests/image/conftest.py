@@ -20,8 +20,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -37,8 +37,9 @@ IMAGE = os.environ.get("TEST_IMAGE", local_cluster.DEFAULT_IMAGE)
 # sessions on one machine from sweeping each other's containers.
 # Under pytest-xdist each worker has its own prefix, so that one's sweep never removes what the
 # other is running.
-PREFIX = "-".join(filter(None, (os.environ.get("TEST_PREFIX", "smtest"),
-                                os.environ.get("PYTEST_XDIST_WORKER"))))
+PREFIX = "-".join(
+    filter(None, (os.environ.get("TEST_PREFIX", "smtest"), os.environ.get("PYTEST_XDIST_WORKER")))
+)
 
 
 def unique(name: str) -> str:
@@ -58,12 +59,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT_S))
 
 
-def run_script(argv: list[str], env: dict, timeout: float,
-               cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_script(
+    argv: list[str], env: dict, timeout: float, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """Run a script in its own process group, and kill the whole group (an engine build or
     push included) if the test is interrupted or times out."""
-    process = subprocess.Popen(argv, cwd=cwd, env=env, text=True, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except BaseException:
@@ -74,7 +83,7 @@ def run_script(argv: list[str], env: dict, timeout: float,
 
 
 @pytest.fixture(scope="session")
-def engine() -> "local_cluster.Engine":
+def engine() -> local_cluster.Engine:
     return local_cluster.Engine.detect()
 
 
@@ -101,8 +110,11 @@ def image(engine) -> str:
         if engine.run("image", "inspect", IMAGE, check=False).returncode:
             pytest.fail(f"TEST_IMAGE_BUILT=1 but there is no image {IMAGE}")
         return IMAGE
-    result = run_script(["bash", "scripts/build_image.sh"],
-                        {**engine.env, "VARIANT": "cpu", "IMAGE": IMAGE}, BUILD_TIMEOUT_S - 60)
+    result = run_script(
+        ["bash", "scripts/build_image.sh"],
+        {**engine.env, "VARIANT": "cpu", "IMAGE": IMAGE},
+        BUILD_TIMEOUT_S - 60,
+    )
     if result.returncode:
         pytest.fail(f"image build failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
     return IMAGE
@@ -112,13 +124,22 @@ def image(engine) -> str:
 def digits(tmp_path_factory) -> Path:
     """The embedded digits dataset: a folder with channels train/ and validation/ (CSV)."""
     root = tmp_path_factory.mktemp("digits-job")
-    subprocess.run([sys.executable, str(REPO / "scripts" / "default_job.py"), "--ml-root",
-                    str(root), "--no-run"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "default_job.py"),
+            "--ml-root",
+            str(root),
+            "--no-run",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return root / "input" / "data"
 
 
 @contextlib.contextmanager
-def compose_cluster(engine, spec, name: str, edit=None) -> Iterator["local_cluster.ComposeCluster"]:
+def compose_cluster(engine, spec, name: str, edit=None) -> Iterator[local_cluster.ComposeCluster]:
     """Write the cluster (optionally editing the compose document), yield it, always `down`."""
     path = local_cluster.write_cluster(spec)
     if edit is not None:
@@ -130,9 +151,14 @@ def compose_cluster(engine, spec, name: str, edit=None) -> Iterator["local_clust
         yield cluster
     finally:
         cluster.down()
-        left = engine.run("ps", "-a", "-q", "--filter",
-                          f"label=com.docker.compose.project={cluster.project}",
-                          check=False).stdout.split()
+        left = engine.run(
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            f"label=com.docker.compose.project={cluster.project}",
+            check=False,
+        ).stdout.split()
         if left:
             engine.run("rm", "-f", *left, check=False)
 
@@ -150,8 +176,18 @@ def http(method: str, url: str, body: bytes | None = None, headers=None, timeout
 def serving(engine, image: str, model: Path) -> Iterator[str]:
     """`serve` from the image on `model`, healthy; yields its URL, always removed."""
     port, name = free_port(), unique("serve")
-    engine.run("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8080",
-               "-v", f"{model}:/opt/ml/model:ro", image, "serve")
+    engine.run(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-p",
+        f"127.0.0.1:{port}:8080",
+        "-v",
+        f"{model}:/opt/ml/model:ro",
+        image,
+        "serve",
+    )
     try:
         deadline = time.monotonic() + 240  # SageMaker's limit for passing pings
         status = None
@@ -173,9 +209,13 @@ def assert_serves_the_digits(engine, image: str, model: Path, data: Path) -> Non
 
     rows = np.loadtxt(data / "validation" / "digits.csv", delimiter=",")[:50]
     with serving(engine, image, model) as url:
-        status, answer = http("POST", f"{url}/invocations",
-                              json.dumps({"instances": rows[:, 1:].tolist()}).encode(),
-                              {"Content-Type": "application/json"}, timeout=60)
+        status, answer = http(
+            "POST",
+            f"{url}/invocations",
+            json.dumps({"instances": rows[:, 1:].tolist()}).encode(),
+            {"Content-Type": "application/json"},
+            timeout=60,
+        )
     assert status == 200, answer
     predictions = json.loads(answer)["predictions"]
     correct = sum(str(p["class"]) == str(int(label)) for p, label in zip(predictions, rows[:, 0]))
@@ -189,8 +229,9 @@ def wait_for_log(cluster, host: str, text: str, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{host} never logged {text!r}:\n{cluster.logs(host)[-3000:]}")
         if not cluster.state(host).get("Running"):
-            raise AssertionError(f"{host} exited before logging {text!r}:\n"
-                                 f"{cluster.logs(host)[-3000:]}")
+            raise AssertionError(
+                f"{host} exited before logging {text!r}:\n{cluster.logs(host)[-3000:]}"
+            )
         time.sleep(1)
 
 
@@ -201,8 +242,9 @@ def kill_a_worker_rank_in_epoch_2(engine, spec, name: str) -> tuple[dict[str, in
     with compose_cluster(engine, spec, name) as cluster:
         cluster.compose("up", "-d", capture=True, timeout=300)
         wait_for_log(cluster, "algo-1", "METRICS epoch=1 ", timeout=300)
-        engine.run("exec", cluster.containers()["algo-2"], "pkill", "-KILL", "-f",
-                   "train.rank_main")
+        engine.run(
+            "exec", cluster.containers()["algo-2"], "pkill", "-KILL", "-f", "train.rank_main"
+        )
         return cluster.wait_all_exited(600), cluster.logs("algo-1")
 
 
@@ -245,8 +287,10 @@ def restart(cluster, spec) -> None:
 
 def leader_checkpoints(spec) -> list[Path]:
     """The leader's checkpoint folders, oldest first."""
-    return sorted(local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"),
-                  key=checkpoint_order)
+    return sorted(
+        local_cluster.host_paths(spec, "algo-1").checkpoint_dir.glob("epoch-*"),
+        key=checkpoint_order,
+    )
 
 
 def newest_checkpoint(spec) -> tuple[Path, dict]:
@@ -267,6 +311,7 @@ def add_code(folder: Path):
     def edit(document):
         for service in document["services"].values():
             service["volumes"].append(f"{folder}:/opt/ml/code:ro")
+
     return edit
 
 

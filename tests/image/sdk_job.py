@@ -64,16 +64,23 @@ def main(spec_path: str) -> None:
     from sagemaker.train.model_trainer import Mode, ModelTrainer
 
     trainer = ModelTrainer(
-        training_image=spec["image"], training_mode=Mode.LOCAL_CONTAINER,
+        training_image=spec["image"],
+        training_mode=Mode.LOCAL_CONTAINER,
         compute=Compute(instance_type="local", instance_count=spec["hosts"]),
         hyperparameters=spec.get("hyperparameters") or None,
         source_code=SourceCode(**spec["source_code"]) if spec.get("source_code") else None,
         distributed=MPI(**spec["mpi"]) if spec.get("mpi") is not None else None,
         environment=spec.get("environment") or None,
-        local_container_root=spec["root"], base_job_name="sdk3-test")
-    trainer.train(input_data_config=[
-        InputData(channel_name=name, data_source=folder)
-        for name, folder in spec["channels"].items()], wait=True)
+        local_container_root=spec["root"],
+        base_job_name="sdk3-test",
+    )
+    trainer.train(
+        input_data_config=[
+            InputData(channel_name=name, data_source=folder)
+            for name, folder in spec["channels"].items()
+        ],
+        wait=True,
+    )
 
 
 if __name__ == "__main__":

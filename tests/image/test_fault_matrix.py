@@ -14,16 +14,34 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    add_code,
+    compose_cluster,
+    failure,
+    local_cluster,
+    logs,
+    newest_checkpoint,
+    restart,
+    set_epochs,
+    tear_newest_checkpoint,
+    unique,
+    wait_for_log,
+)
 
-from conftest import (add_code, compose_cluster, failure, local_cluster, logs, newest_checkpoint,
-                      restart, set_epochs, tear_newest_checkpoint, unique, wait_for_log)
 from bench.cluster import container_times, timestamped_logs
 
 pytestmark = pytest.mark.container
 
 HEARTBEAT = 3
-FAST = {"heartbeat_timeout": HEARTBEAT, "host_timeout": 120, "leader_timeout": 120,
-        "stop_grace": 30, "processes_per_host": 1, "model": "mlp", "learning_rate": "0.002"}
+FAST = {
+    "heartbeat_timeout": HEARTBEAT,
+    "host_timeout": 120,
+    "leader_timeout": 120,
+    "stop_grace": 30,
+    "processes_per_host": 1,
+    "model": "mlp",
+    "learning_rate": "0.002",
+}
 HOSTS = ("algo-1", "algo-2")
 NO_HANG = 60  # seconds: any host still running this long after a fault is a hang
 ROWS: list[tuple[str, str, str]] = []
@@ -38,10 +56,18 @@ def table():
         print(f"| {' | '.join(row)} |")
 
 
-def spec_for(tmp_path: Path, image: str, data: Path, **hyperparameters) -> local_cluster.ClusterSpec:
+def spec_for(
+    tmp_path: Path, image: str, data: Path, **hyperparameters
+) -> local_cluster.ClusterSpec:
     values = {k: str(v) for k, v in {**FAST, **hyperparameters}.items()}
-    return local_cluster.ClusterSpec(hosts=2, workdir=tmp_path / "cluster", data=data, image=image,
-                                     hyperparameters=values, sharded=frozenset({"train"}))
+    return local_cluster.ClusterSpec(
+        hosts=2,
+        workdir=tmp_path / "cluster",
+        data=data,
+        image=image,
+        hyperparameters=values,
+        sharded=frozenset({"train"}),
+    )
 
 
 def finish(engine, cluster, fault_at: float | None, fault: str) -> dict[str, int]:
@@ -54,8 +80,11 @@ def finish(engine, cluster, fault_at: float | None, fault: str) -> dict[str, int
     return codes
 
 
-@pytest.mark.parametrize("first, late", [("algo-1", "algo-2"), ("algo-2", "algo-1")],
-                         ids=["worker 2x heartbeat late", "leader last"])
+@pytest.mark.parametrize(
+    "first, late",
+    [("algo-1", "algo-2"), ("algo-2", "algo-1")],
+    ids=["worker 2x heartbeat late", "leader last"],
+)
 def test_staggered_start(engine, image, data, tmp_path, first, late):
     spec = spec_for(tmp_path, image, data, epochs=2)
     with compose_cluster(engine, spec, "stagger") as cluster:
@@ -86,17 +115,31 @@ def test_a_stranger_on_the_job_network_is_refused(engine, image, data, tmp_path)
         cluster.compose("up", "-d", capture=True, timeout=300)
         wait_for_log(cluster, "algo-1", "TRAIN-MARK hosts_ready", timeout=300)
         leader = cluster.containers()["algo-1"]
-        networks = json.loads(engine.run("inspect", "--format",
-                                         "{{json .NetworkSettings.Networks}}", leader).stdout)
-        stranger = engine.run("run", "--rm", "--name", unique("stranger"), "--network",
-                              next(iter(networks)), image, "python", "-c", STRANGER,
-                              check=False, timeout=120)
+        networks = json.loads(
+            engine.run("inspect", "--format", "{{json .NetworkSettings.Networks}}", leader).stdout
+        )
+        stranger = engine.run(
+            "run",
+            "--rm",
+            "--name",
+            unique("stranger"),
+            "--network",
+            next(iter(networks)),
+            image,
+            "python",
+            "-c",
+            STRANGER,
+            check=False,
+            timeout=120,
+        )
         codes = finish(engine, cluster, None, "a stranger container sends HELLO algo-2")
         output, refusals = logs(cluster), coordinator_lines(cluster, "it claims to be algo-2")
     assert "STRANGER GOT b''" in stranger.stdout, stranger.stdout + stranger.stderr
     assert codes == {"algo-1": 0, "algo-2": 0}, output
-    assert any("refused a connection from" in line and "it claims to be algo-2" in line
-               for line in refusals), f"the leader's coordinator lines: {refusals}\n{output}"
+    assert any(
+        "refused a connection from" in line and "it claims to be algo-2" in line
+        for line in refusals
+    ), f"the leader's coordinator lines: {refusals}\n{output}"
 
 
 def coordinator_lines(cluster, expected: str, patience_s: float = 10) -> list[str]:
@@ -122,20 +165,25 @@ def kill_during_training(engine, image, data, tmp_path, victim: str, signal: str
 
 
 def test_a_worker_killed_during_training(engine, image, data, tmp_path):
-    spec, codes, output = kill_during_training(engine, image, data, tmp_path, "algo-2", "KILL",
-                                               "algo-2 killed (SIGKILL) during training")
+    spec, codes, output = kill_during_training(
+        engine, image, data, tmp_path, "algo-2", "KILL", "algo-2 killed (SIGKILL) during training"
+    )
     assert codes == {"algo-1": 3, "algo-2": 137}, output
-    assert failure(spec, "algo-1").startswith("lost contact with host algo-2"), failure(spec, "algo-1")
+    assert failure(spec, "algo-1").startswith("lost contact with host algo-2"), failure(
+        spec, "algo-1"
+    )
 
 
 def test_the_leader_killed_during_training(engine, image, data, tmp_path):
-    spec, codes, output = kill_during_training(engine, image, data, tmp_path, "algo-1", "KILL",
-                                               "algo-1 killed (SIGKILL) during training")
+    spec, codes, output = kill_during_training(
+        engine, image, data, tmp_path, "algo-1", "KILL", "algo-1 killed (SIGKILL) during training"
+    )
     assert codes == {"algo-1": 137, "algo-2": 3}, output
     # The engine closes the dead leader's sockets, so the worker learns it at once; a leader
     # host that vanishes without closing them is noticed after heartbeat_timeout instead.
-    assert failure(spec, "algo-2").startswith("lost contact with the leader algo-1: "), \
-        failure(spec, "algo-2")
+    assert failure(spec, "algo-2").startswith("lost contact with the leader algo-1: "), failure(
+        spec, "algo-2"
+    )
 
 
 def rerun(engine, cluster, spec, fault: str) -> tuple[dict[str, int], str]:
@@ -145,7 +193,8 @@ def rerun(engine, cluster, spec, fault: str) -> tuple[dict[str, int], str]:
 
 
 def test_sigterm_to_the_leader_checkpoints_and_resumes_then_a_torn_checkpoint_is_skipped(
-        engine, image, data, tmp_path):
+    engine, image, data, tmp_path
+):
     """SIGTERM to the leader: both hosts exit 143 with the checkpoint saved, and the job started
     again resumes from it. Then that run's newest checkpoint is torn (as a partial S3 sync
     leaves it): the job started again skips it and resumes from the one before."""
@@ -159,8 +208,9 @@ def test_sigterm_to_the_leader_checkpoints_and_resumes_then_a_torn_checkpoint_is
         output = logs(cluster)
         assert codes == {"algo-1": 143, "algo-2": 143}, output
         for host in HOSTS:
-            assert failure(spec, host).startswith("training was stopped by a signal"), \
-                failure(spec, host)
+            assert failure(spec, host).startswith("training was stopped by a signal"), failure(
+                spec, host
+            )
         newest, state = newest_checkpoint(spec)
         epochs = state["epochs_done"] + 2  # the stopped epoch's rest and one more, not the 60
         set_epochs(spec, epochs)
@@ -192,8 +242,10 @@ def test_a_rank_that_raises(engine, image, data, tmp_path, error):
         code.mkdir()
         (code / "fail.py").write_text(RAISES)
         spec, edit = spec_for(tmp_path, image, data, sagemaker_program="fail.py"), add_code(code)
-        expected_code, cause = 1, ("rank 1 on host algo-2 failed (exit code 1): ValueError: "
-                                   "column 7 holds text")
+        expected_code, cause = (
+            1,
+            ("rank 1 on host algo-2 failed (exit code 1): ValueError: column 7 holds text"),
+        )
     else:  # algo-2's half of the training data has a bad row; algo-1's is fine
         bad = tmp_path / "data"
         for channel in ("train", "validation"):
@@ -207,9 +259,14 @@ def test_a_rank_that_raises(engine, image, data, tmp_path, error):
     with compose_cluster(engine, spec, "raises", edit=edit) as cluster:
         cluster.compose("up", "-d", capture=True, timeout=300)
         cluster.wait_all_exited(600)
-        reported = [t for t, line in timestamped_logs(engine, cluster.containers()["algo-1"])
-                    if "TRAIN-FAILURE" in line]
-        codes = finish(engine, cluster, reported[0] if reported else None, f"a rank raises a {error}")
+        reported = [
+            t
+            for t, line in timestamped_logs(engine, cluster.containers()["algo-1"])
+            if "TRAIN-FAILURE" in line
+        ]
+        codes = finish(
+            engine, cluster, reported[0] if reported else None, f"a rank raises a {error}"
+        )
         output = logs(cluster)
     assert codes == {"algo-1": expected_code, "algo-2": expected_code}, output
     assert failure(spec, "algo-1").startswith(cause), failure(spec, "algo-1")

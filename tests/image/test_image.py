@@ -7,7 +7,6 @@ import re
 import subprocess
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.container
@@ -18,14 +17,16 @@ def inspect(engine, image: str) -> dict:
 
 
 def run_in(engine, image: str, script: str) -> subprocess.CompletedProcess:
-    return engine.run("run", "--rm", "--network", "none", image, "bash", "-c", script,
-                      check=False, timeout=300)
+    return engine.run(
+        "run", "--rm", "--network", "none", image, "bash", "-c", script, check=False, timeout=300
+    )
 
 
 def test_dockerfile_passes_hadolint():
     hadolint = REPO / ".venv" / "bin" / "hadolint"
-    result = subprocess.run([str(hadolint), "--no-color", "Dockerfile"], cwd=REPO,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(hadolint), "--no-color", "Dockerfile"], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -33,22 +34,26 @@ def test_every_ignored_hadolint_rule_has_a_reason():
     lines = (REPO / "Dockerfile").read_text().splitlines()
     for number, line in enumerate(lines):
         if "hadolint ignore" in line:
-            assert lines[number - 1].startswith("#") and "hadolint ignore" not in lines[number - 1], \
-                f"Dockerfile line {number + 1}: an ignored rule needs a reason on the line above"
+            assert (
+                lines[number - 1].startswith("#") and "hadolint ignore" not in lines[number - 1]
+            ), f"Dockerfile line {number + 1}: an ignored rule needs a reason on the line above"
 
 
 def test_horovod_version_matches_the_host_setup():
-    dockerfile = re.search(r"^ARG HOROVOD_VERSION=(\S+)$",
-                           (REPO / "Dockerfile").read_text(), re.M).group(1)
-    setup = re.search(r"^HOROVOD_VERSION=(\S+)$",
-                      (REPO / "scripts" / "setup.sh").read_text(), re.M).group(1)
+    dockerfile = re.search(
+        r"^ARG HOROVOD_VERSION=(\S+)$", (REPO / "Dockerfile").read_text(), re.M
+    ).group(1)
+    setup = re.search(
+        r"^HOROVOD_VERSION=(\S+)$", (REPO / "scripts" / "setup.sh").read_text(), re.M
+    ).group(1)
     assert dockerfile == setup
 
 
 def test_prebuilt_wheel_is_looked_for_where_setup_caches_it():
     setup = re.search(r"^WHEELS=(\S+)$", (REPO / "scripts" / "setup.sh").read_text(), re.M)
-    build = re.search(r"^HOST_WHEELS=(\S+)$",
-                      (REPO / "scripts" / "build_image.sh").read_text(), re.M)
+    build = re.search(
+        r"^HOST_WHEELS=(\S+)$", (REPO / "scripts" / "build_image.sh").read_text(), re.M
+    )
     assert setup and build and setup.group(1) == build.group(1)
 
 
@@ -62,7 +67,10 @@ def test_image_metadata(engine, image):
 
 
 def test_image_contents(engine, image):
-    result = run_in(engine, image, r"""
+    result = run_in(
+        engine,
+        image,
+        r"""
         set -e
         command -v train serve mpirun sshd ssh-keygen
         test ! -e /opt/ml && echo "no /opt/ml"
@@ -72,7 +80,8 @@ def test_image_contents(engine, image):
 print("tf", tf.__version__, "mpi", hvd.mpi_built(), "gloo", hvd.gloo_built())'
         ps -e -o comm= > /tmp/processes
         echo "others: $(grep -v -x -e ps -e bash /tmp/processes | tr '\n' ' ')."
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     for program in ("/opt/venv/bin/train", "/opt/venv/bin/serve", "mpirun", "sshd"):

@@ -31,9 +31,11 @@ from test_tf_stack import HOSTS, LAUNCH, run_to_end, signal_in_epoch_3, tf_image
 pytestmark = pytest.mark.container
 
 SCRIPT = Path(__file__).parents[2] / "train" / "examples" / "keras_guide_script.py"
-GUIDE = {key: value for key, value in LAUNCH.items()
-         if key != "sagemaker_multi_worker_mirrored_strategy_enabled"} | {
-    "sagemaker_program": SCRIPT.name}
+GUIDE = {
+    key: value
+    for key, value in LAUNCH.items()
+    if key != "sagemaker_multi_worker_mirrored_strategy_enabled"
+} | {"sagemaker_program": SCRIPT.name}
 
 
 @pytest.fixture
@@ -45,12 +47,14 @@ def guide_spec(tmp_path, image, data, **hyperparameters) -> local_cluster.Cluste
     """Two hosts with every train file each (Keras splits each global batch between the
     processes: every process must see as many batches)."""
     values = {k: str(v) for k, v in {**GUIDE, **hyperparameters}.items()}
-    return local_cluster.ClusterSpec(hosts=2, workdir=tmp_path / "cluster", data=data,
-                                     image=image, hyperparameters=values)
+    return local_cluster.ClusterSpec(
+        hosts=2, workdir=tmp_path / "cluster", data=data, image=image, hyperparameters=values
+    )
 
 
-def test_a_keras_guide_script_trains_on_two_hosts_as_one_job(engine, tf_image, data, tmp_path,
-                                                             code):
+def test_a_keras_guide_script_trains_on_two_hosts_as_one_job(
+    engine, tf_image, data, tmp_path, code
+):
     spec = guide_spec(tmp_path, tf_image, data, epochs=3)
     codes, output = run_to_end(engine, spec, "keras-jax", code)
     assert codes == {"algo-1": 0, "algo-2": 0}, output
@@ -67,24 +71,29 @@ def test_a_keras_guide_script_trains_on_two_hosts_as_one_job(engine, tf_image, d
     # serve answers the Keras 3 model the script trained on JAX, from its .keras file
     rows = np.loadtxt(data / "validation" / "digits.csv", delimiter=",")[:50]
     with serving(engine, tf_image, leader_paths.model_dir) as url:
-        status, answer = http("POST", f"{url}/invocations",
-                              json.dumps({"instances": (rows[:, 1:] / 16).tolist()}).encode(),
-                              {"Content-Type": "application/json"}, timeout=60)
+        status, answer = http(
+            "POST",
+            f"{url}/invocations",
+            json.dumps({"instances": (rows[:, 1:] / 16).tolist()}).encode(),
+            {"Content-Type": "application/json"},
+            timeout=60,
+        )
     assert status == 200, answer
     logits = np.array(json.loads(answer)["predictions"])
     assert logits.shape == (50, 10) and (logits.argmax(axis=1) == rows[:, 0]).mean() > 0.8
 
 
-def test_a_script_that_never_joins_the_others_fails_the_job(engine, tf_image, data, tmp_path,
-                                                          code):
+def test_a_script_that_never_joins_the_others_fails_the_job(engine, tf_image, data, tmp_path, code):
     """Without `keras.distribution.initialize()` each process trains alone: the job does not
     end 0 as if it had trained one model; it fails as a configuration error naming the fix."""
     spec = guide_spec(tmp_path, tf_image, data, epochs=1, initialize="false")
     codes, output = run_to_end(engine, spec, "keras-alone", code)
     assert codes == {"algo-1": 2, "algo-2": 2}, output
-    said = ("TrainedApart: this job has 2 processes, but the script's JAX ran with 1: each "
-            "process trained its own model. Call keras.distribution.initialize() with no "
-            "arguments")
+    said = (
+        "TrainedApart: this job has 2 processes, but the script's JAX ran with 1: each "
+        "process trained its own model. Call keras.distribution.initialize() with no "
+        "arguments"
+    )
     for host in ("algo-1", "algo-2"):
         assert said in failure(spec, host), failure(spec, host)
 
@@ -98,7 +107,8 @@ def test_a_process_that_raises_fails_the_job_naming_it(engine, tf_image, data, t
     for host in ("algo-1", "algo-2"):
         assert failure(spec, host).startswith(
             "rank 1 on host algo-2 failed (exit code 1): ValueError: process 1 cannot parse its "
-            "data (at keras_guide_script.py, line"), failure(spec, host)
+            "data (at keras_guide_script.py, line"
+        ), failure(spec, host)
 
 
 def test_a_frozen_process_is_named_by_the_watchdog(engine, tf_image, data, tmp_path, code):
@@ -109,8 +119,9 @@ def test_a_frozen_process_is_named_by_the_watchdog(engine, tf_image, data, tmp_p
     with compose_cluster(engine, spec, "keras-frozen", edit=add_code(code)) as cluster:
         cluster.compose("up", "-d", capture=True, timeout=300)
         wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
-        engine.run("exec", cluster.containers()["algo-2"], "pkill", "-STOP", "-f",
-                   "train.script_runner")
+        engine.run(
+            "exec", cluster.containers()["algo-2"], "pkill", "-STOP", "-f", "train.script_runner"
+        )
         codes = cluster.wait_all_exited(240)
         output = logs(cluster)
     assert codes == {"algo-1": 4, "algo-2": 4}, output
@@ -120,11 +131,16 @@ def test_a_frozen_process_is_named_by_the_watchdog(engine, tf_image, data, tmp_p
     assert re.search(r"rank 1 on algo-2|ranks 0, 1 on algo-1, algo-2", reason), reason
 
 
-@pytest.mark.parametrize("victim, codes, survivor, cause", [
-    ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
-    ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: ")])
-def test_a_killed_host_fails_the_job_naming_it(engine, tf_image, data, tmp_path, code, victim,
-                                               codes, survivor, cause):
+@pytest.mark.parametrize(
+    "victim, codes, survivor, cause",
+    [
+        ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
+        ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: "),
+    ],
+)
+def test_a_killed_host_fails_the_job_naming_it(
+    engine, tf_image, data, tmp_path, code, victim, codes, survivor, cause
+):
     """The survivor's JAX sees its peer's connection reset within seconds; the launcher names
     the lost host, as on the other stacks."""
     spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
@@ -140,13 +156,14 @@ def test_sigterm_stops_every_process_with_143(engine, tf_image, data, tmp_path, 
     codes, output = signal_in_epoch_3(engine, spec, code, "TERM", "algo-1", "Keras 3 on JAX")
     assert codes == {"algo-1": 143, "algo-2": 143}, output
     for host in HOSTS:
-        assert failure(spec, host).startswith("training was stopped by a signal"), \
-            failure(spec, host)
+        assert failure(spec, host).startswith("training was stopped by a signal"), failure(
+            spec, host
+        )
 
 
 # A user's script with the checkpoint helper (train.resumable), on Keras 3 over JAX
 # (keras.distribution) or on tf_keras under MultiWorkerMirroredStrategy: the same few lines.
-RESUMABLE = '''
+RESUMABLE = """
 import argparse, os
 import numpy as np
 from train.resumable import Checkpoints
@@ -190,20 +207,22 @@ print("initial_epoch", start.epoch, flush=True)
 model.fit(x, y, batch_size=4 if stack == "jax" else 8, epochs=4, initial_epoch=start.epoch,
           callbacks=[checkpoints.callback()], verbose=2 if process == 0 else 0)
 print("trained to the end", flush=True)
-'''
+"""
 
 
 @pytest.mark.parametrize("stack", ["jax", "mwms"])
-def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(engine, tf_image, data,
-                                                                   tmp_path, stack):
+def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(
+    engine, tf_image, data, tmp_path, stack
+):
     """SIGTERM to the leader in epoch 2 of 4: every process stops after the same step and the
     leader saves; the job run again starts from that checkpoint's epoch, with its weights."""
     folder = tmp_path / "code"
     folder.mkdir()
     (folder / "resumable.py").write_text(RESUMABLE)
     launch = GUIDE if stack == "jax" else {**LAUNCH}
-    spec = guide_spec(tmp_path, tf_image, data, **{**launch, "sagemaker_program": "resumable.py",
-                                                   "stack": stack})
+    spec = guide_spec(
+        tmp_path, tf_image, data, **{**launch, "sagemaker_program": "resumable.py", "stack": stack}
+    )
     with compose_cluster(engine, spec, f"resumable-{stack}", edit=add_code(folder)) as cluster:
         cluster.compose("up", "-d", capture=True, timeout=300)
         wait_for_log(cluster, "algo-1", "Epoch 2/4", timeout=300)
@@ -217,13 +236,15 @@ def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(engine, tf_ima
             assert failure(spec, host).startswith(
                 "training was stopped by a signal (job stopped, max runtime or spot reclaim); "
                 "checkpoint saved in /opt/ml/checkpoints/epoch-000001.1; a restarted job "
-                "resumes from it"), failure(spec, host)
+                "resumes from it"
+            ), failure(spec, host)
         restart(cluster, spec)
         codes = cluster.wait_all_exited(300)
         resumed = cluster.logs("algo-1")
     assert codes == {"algo-1": 0, "algo-2": 0}, resumed[-3000:]
-    assert "checkpoints: resumed from /opt/ml/checkpoints/epoch-000001.1 (epoch 1, step" in \
-        resumed, resumed[-3000:]
+    assert (
+        "checkpoints: resumed from /opt/ml/checkpoints/epoch-000001.1 (epoch 1, step" in resumed
+    ), resumed[-3000:]
     assert "initial_epoch 1" in resumed and "trained to the end" in resumed
 
 
@@ -231,26 +252,41 @@ MODEL_PARALLEL = Path(__file__).parents[2] / "train" / "examples" / "keras_model
 
 
 def test_a_guide_model_parallel_script_is_warned_and_saves_a_model_split_across_hosts(
-        engine, tf_image, data, tmp_path):
+    engine, tf_image, data, tmp_path
+):
     """keras.io's ModelParallel code on 2 hosts x 2 devices, mesh 1x4 (the model axis across
     the hosts): the guide's key "d1/kernel" matches no path and is named in the log with the
     key that would; ".*d1/kernel" splits the kernel, and `model.save` on every process writes
     the whole model on process 0 (Keras alone raises there and leaves a broken file), equal to
     what `get_weights` returns, with no partial file left."""
-    values = {k: str(v) for k, v in {**GUIDE, "sagemaker_program": MODEL_PARALLEL.name,
-                                     "layout-keys": "d1/kernel,.*d1/kernel"}.items()}
+    values = {
+        k: str(v)
+        for k, v in {
+            **GUIDE,
+            "sagemaker_program": MODEL_PARALLEL.name,
+            "layout-keys": "d1/kernel,.*d1/kernel",
+        }.items()
+    }
     spec = local_cluster.ClusterSpec(
-        hosts=2, workdir=tmp_path / "cluster", data=data, image=tf_image,
+        hosts=2,
+        workdir=tmp_path / "cluster",
+        data=data,
+        image=tf_image,
         hyperparameters=values,
-        environment={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+        environment={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
     codes, output = run_to_end(engine, spec, "keras-mp", code_folder(tmp_path, MODEL_PARALLEL))
     assert codes == {"algo-1": 0, "algo-2": 0}, output
-    assert ("launcher: WARNING: layout key 'd1/kernel' matched no variable; paths look like "
-            "'sequential/d1/kernel' (LayoutMap matches a key against the whole path: "
-            "'.*d1/kernel' would match 'sequential/d1/kernel')") in output, output[-3000:]
+    assert (
+        "launcher: WARNING: layout key 'd1/kernel' matched no variable; paths look like "
+        "'sequential/d1/kernel' (LayoutMap matches a key against the whole path: "
+        "'.*d1/kernel' would match 'sequential/d1/kernel')"
+    ) in output, output[-3000:]
     assert "ModelParallel sharded none" not in output, output[-3000:]
-    assert "process 0: d1 kernel PartitionSpec(None, 'model')" in output or \
-        "process 0: d1 kernel P(None, 'model')" in output, output[-3000:]
+    assert (
+        "process 0: d1 kernel PartitionSpec(None, 'model')" in output
+        or "process 0: d1 kernel P(None, 'model')" in output
+    ), output[-3000:]
     assert "launcher: model.save gathers the shards of 3 variables" in output, output[-3000:]
     weights = re.findall(r"WEIGHTS process \d: (\w+)", output)
     assert len(weights) == 2 and len(set(weights)) == 1, output[-3000:]
@@ -310,23 +346,42 @@ except OSError as error:
 """
 
 
-def test_the_guides_keys_all_replicated_warned_auto_layout_splits_and_no_torn_save(engine,
-                                                                                   tf_image):
+def test_the_guides_keys_all_replicated_warned_auto_layout_splits_and_no_torn_save(
+    engine, tf_image
+):
     """Against the image's pinned Keras: every key of the guide matches nothing in its own
     model (paths `dense/kernel`), and the run that split nothing is named; auto_model_parallel
     splits each kernel on a dimension the model axis divides; a save that raises leaves no
     file behind (Keras alone leaves a partial `.keras`)."""
-    result = engine.run("run", "--rm", "--network", "none", "-e", "KERAS_BACKEND=jax",
-                        "-e", "XLA_FLAGS=--xla_force_host_platform_device_count=4",
-                        tf_image, "python", "-c", ONE_PROCESS, check=False, timeout=300)
+    result = engine.run(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-e",
+        "KERAS_BACKEND=jax",
+        "-e",
+        "XLA_FLAGS=--xla_force_host_platform_device_count=4",
+        tf_image,
+        "python",
+        "-c",
+        ONE_PROCESS,
+        check=False,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     for key in ("d1/kernel", "d1/bias", "d2/output"):
-        assert (f"launcher: WARNING: layout key '{key}' matched no variable; paths look like "
-                "'dense/kernel', 'dense_1/bias', 'dense_1/kernel'") in output, output[-3000:]
-    assert ("launcher: WARNING: ModelParallel sharded none of the 3 trainable variables of "
-            "model 'functional'") in output, output[-3000:]
+        assert (
+            f"launcher: WARNING: layout key '{key}' matched no variable; paths look like "
+            "'dense/kernel', 'dense_1/bias', 'dense_1/kernel'"
+        ) in output, output[-3000:]
+    assert (
+        "launcher: WARNING: ModelParallel sharded none of the 3 trainable variables of "
+        "model 'functional'"
+    ) in output, output[-3000:]
     assert output.count("ModelParallel sharded none") == 1, output[-3000:]  # not the auto one
-    assert ("AUTO [((784, 200), (None, 'model')), ((200, 10), ('model', None)), ((10,), "
-            "(None,))]") in output, output[-3000:]
+    assert (
+        "AUTO [((784, 200), (None, 'model')), ((200, 10), ('model', None)), ((10,), (None,))]"
+    ) in output, output[-3000:]
     assert "SAVE FAILED disk full LEFT []" in output, output[-3000:]

@@ -9,16 +9,23 @@ import json
 
 import numpy as np
 import pytest
-
-from conftest import (assert_serves_the_digits, compose_cluster, local_cluster,
-                      kill_a_worker_rank_in_epoch_2, newest_checkpoint, restart)
-from test_tf_stack import (BUILTIN, cluster_spec, stop_the_leader_in_epoch_2,  # noqa: F401
-                           tf_image)
+from conftest import (
+    assert_serves_the_digits,
+    compose_cluster,
+    kill_a_worker_rank_in_epoch_2,
+    local_cluster,
+    newest_checkpoint,
+    restart,
+)
+from test_tf_stack import BUILTIN, cluster_spec, stop_the_leader_in_epoch_2, tf_image  # noqa: F401
 
 pytestmark = pytest.mark.container
 
-ON_JAX = {key: value for key, value in BUILTIN.items()
-          if key != "sagemaker_multi_worker_mirrored_strategy_enabled"} | {"backend": "jax"}
+ON_JAX = {
+    key: value
+    for key, value in BUILTIN.items()
+    if key != "sagemaker_multi_worker_mirrored_strategy_enabled"
+} | {"backend": "jax"}
 # 2 micro-batches of 4 per device and step: 89 steps, 178 batches an epoch on the digits
 EXACT = {"epochs": 3, "global_batch_size": 16, "max_device_batch_size": 4, "dropout_rate": 0}
 
@@ -39,18 +46,20 @@ def final_arrays(spec, epochs: int) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def reference(engine, tf_image, data, tmp_path_factory) -> local_cluster.ClusterSpec:
     """A job never stopped, on 2 hosts."""
-    spec = cluster_spec(tmp_path_factory.mktemp("reference"), tf_image, data, base=ON_JAX,
-                        **EXACT)
+    spec = cluster_spec(tmp_path_factory.mktemp("reference"), tf_image, data, base=ON_JAX, **EXACT)
     codes, leader = run_job(engine, spec, "jax-reference")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
-    assert ("2 rank(s): 0@algo-1, 1@algo-2; TensorFlow 2.21.0, Keras 3 on JAX "
-            "(keras.distribution)" in leader)  # and both ended with the same weights
+    assert (
+        "2 rank(s): 0@algo-1, 1@algo-2; TensorFlow 2.21.0, Keras 3 on JAX "
+        "(keras.distribution)" in leader
+    )  # and both ended with the same weights
     assert "global batch 16 = 2 device(s) x 2 accumulated micro-batch(es) x 4" in leader
     return spec
 
 
 def test_the_builtin_trainer_on_jax_trains_on_two_hosts_and_serve_answers_its_model(
-        engine, tf_image, data, reference):
+    engine, tf_image, data, reference
+):
     model = local_cluster.host_paths(reference, "algo-1").model_dir
     metadata = json.loads((model / "metadata.json").read_text())
     assert metadata["model_path"] == "model.keras" and metadata["keras"].startswith("3.")
@@ -60,17 +69,19 @@ def test_the_builtin_trainer_on_jax_trains_on_two_hosts_and_serve_answers_its_mo
 
 
 def test_the_builtin_trainer_on_jax_stopped_mid_epoch_ends_as_a_job_never_stopped(
-        engine, tf_image, data, tmp_path, reference):
+    engine, tf_image, data, tmp_path, reference
+):
     """SIGTERM to the leader during epoch 2, with 2 micro-batches accumulated per step: both
     hosts stop after the same optimizer step (never between micro-batches), rank 0 saves, and
     the restarted job (rank 0 reads the checkpoint, every process assigns it) ends with the
     weights and optimizer state of the job never stopped. With a checkpoint every 0.3 s
     (checkpoint_every_minutes) as well: saved inside `fit`, where Keras 3 keeps the values
     apart from the variables, they change nothing."""
-    spec = cluster_spec(tmp_path, tf_image, data, base=ON_JAX, **EXACT,
-                        checkpoint_every_minutes=0.005)
+    spec = cluster_spec(
+        tmp_path, tf_image, data, base=ON_JAX, **EXACT, checkpoint_every_minutes=0.005
+    )
     with compose_cluster(engine, spec, "jax-resume") as cluster:
-        stopped = stop_the_leader_in_epoch_2(engine, cluster)
+        stop_the_leader_in_epoch_2(engine, cluster)
         _, state = newest_checkpoint(spec)
         assert state.get("interrupted") is True and state["epoch_samples"] % 16 == 0, state
         restart(cluster, spec)
@@ -86,16 +97,25 @@ def test_the_builtin_trainer_on_jax_stopped_mid_epoch_ends_as_a_job_never_stoppe
 
 
 def test_the_builtin_trainer_on_jax_restarts_a_killed_process_and_ends_as_never_killed(
-        engine, tf_image, data, tmp_path, reference):
+    engine, tf_image, data, tmp_path, reference
+):
     """SIGKILL (the out-of-memory killer's signature) to the process on algo-2 in epoch 2, with
     `max_restarts` 1 and a checkpoint every 0.3 s: the leader runs every process again from
     the newest checkpoint, and the job ends with the weights of the job never killed."""
-    spec = cluster_spec(tmp_path, tf_image, data, base=ON_JAX, **EXACT, max_restarts=1,
-                        checkpoint_every_minutes=0.005)
+    spec = cluster_spec(
+        tmp_path,
+        tf_image,
+        data,
+        base=ON_JAX,
+        **EXACT,
+        max_restarts=1,
+        checkpoint_every_minutes=0.005,
+    )
     codes, leader = kill_a_worker_rank_in_epoch_2(engine, spec, "jax-restart")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
     assert "attempt 1 failed (exit code" in leader and "restarting every rank" in leader
     assert "the job succeeded after 1 restart(s)" in leader
-    for index, (value, want) in enumerate(zip(final_arrays(spec, EXACT["epochs"]),
-                                              final_arrays(reference, EXACT["epochs"]))):
+    for index, (value, want) in enumerate(
+        zip(final_arrays(spec, EXACT["epochs"]), final_arrays(reference, EXACT["epochs"]))
+    ):
         np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")

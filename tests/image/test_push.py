@@ -10,8 +10,8 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import run_script
+
 from container.network import free_port
 
 BASE_IMAGE = "localhost/sagemaker-byoc-base:bookworm"  # scripts/make_base_image.sh
@@ -39,8 +39,9 @@ def registry(tmp_path):
     port = free_port()
     config = tmp_path / "registry.yml"
     config.write_text(REGISTRY_CONFIG.format(root=tmp_path / "storage", port=port))
-    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -74,15 +75,18 @@ def test_push_to_a_registry_and_pull_back(engine, image, registry):
     remote = f"{registry}/{local}:{tag}"
     engine.run("tag", BASE_IMAGE, f"{local}:cpu")
     try:
-        result = run_script(["bash", "scripts/build_and_push.sh", local, tag],
-                            {**engine.env, "VARIANT": "cpu", "SKIP_BUILD": "1",
-                             "REGISTRY": registry}, 600)
+        result = run_script(
+            ["bash", "scripts/build_and_push.sh", local, tag],
+            {**engine.env, "VARIANT": "cpu", "SKIP_BUILD": "1", "REGISTRY": registry},
+            600,
+        )
         assert result.returncode == 0, result.stderr[-4000:]
         assert result.stdout.strip().splitlines()[-1] == remote
         assert f"pushed {remote} in" in result.stderr
 
-        with urllib.request.urlopen(f"http://{registry}/v2/{local}/tags/list",
-                                    timeout=10) as answer:
+        with urllib.request.urlopen(
+            f"http://{registry}/v2/{local}/tags/list", timeout=10
+        ) as answer:
             assert tag in json.loads(answer.read())["tags"]
 
         engine.run("rmi", remote)  # only the tag: the image stays as the base image

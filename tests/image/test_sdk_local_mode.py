@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import subprocess
 import sys
@@ -39,7 +38,7 @@ pytestmark = pytest.mark.container
 SDK3 = REPO / ".venv-sdk3" / "bin" / "python"
 SDK2 = REPO / ".venv-sdk2" / "bin" / "python"
 
-SCRIPT = '''
+SCRIPT = """
 import json, os, socket, sys
 import numpy as np
 import tensorflow as tf
@@ -62,16 +61,22 @@ report = {"rank": hvd.rank(), "size": hvd.size(), "host": os.environ["SM_CURRENT
           "pid1": open("/proc/1/cmdline").read().replace("\\0", " ")}
 with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank{hvd.rank()}.json"), "w") as out:
     json.dump(report, out)
-'''
+"""
 
 
 def containers(engine, root: Path) -> dict[str, str]:
     """Service (host) -> container id of the compose projects the SDK ran from folders under
     `root` (compose labels each container with its project's folder)."""
-    return {service: container for folder, service, container in engine.labelled(
-                "com.docker.compose.project", "com.docker.compose.project.working_dir",
-                "com.docker.compose.service", check=False)
-            if Path(folder).is_relative_to(root)}
+    return {
+        service: container
+        for folder, service, container in engine.labelled(
+            "com.docker.compose.project",
+            "com.docker.compose.project.working_dir",
+            "com.docker.compose.service",
+            check=False,
+        )
+        if Path(folder).is_relative_to(root)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +89,27 @@ def local_mode(engine, tmp_path_factory):
     compose = Path(sys.executable).with_name("podman-compose")
     # `docker context inspect` (Docker's own; podman answers `[]`, on which the SDK's endpoint
     # code fails) errs as with no remote context: the SDK then uses localhost
-    (shims / "docker").write_text('#!/bin/sh\n[ "$1" = context ] && { echo "no context" >&2; '
-                                  'exit 1; }\nexec podman "$@"\n')
+    (shims / "docker").write_text(
+        '#!/bin/sh\n[ "$1" = context ] && { echo "no context" >&2; exit 1; }\nexec podman "$@"\n'
+    )
     (shims / "docker-compose").write_text(f'#!/bin/sh\nexec {compose} --in-pod false "$@"\n')
     for shim in shims.iterdir():
         shim.chmod(0o755)
     config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
-                      "      TelemetryOptOut: true\n")
-    env = {**engine.env, "PATH": f"{shims}:{engine.env['PATH']}",
-           "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config), "AWS_REGION": "us-east-1",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "AKIDLOCALTEST",
-           "AWS_SECRET_ACCESS_KEY": "local-test-secret", "AWS_EC2_METADATA_DISABLED": "true"}
+    config.write_text(
+        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
+        "      TelemetryOptOut: true\n"
+    )
+    env = {
+        **engine.env,
+        "PATH": f"{shims}:{engine.env['PATH']}",
+        "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "AKIDLOCALTEST",
+        "AWS_SECRET_ACCESS_KEY": "local-test-secret",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
 
     def run(spec: dict, name: str, prepare=None, python: Path = SDK3):
         """`prepare(root)` lays out the working folder first."""
@@ -107,17 +121,27 @@ def local_mode(engine, tmp_path_factory):
         # and their compose folders under root, where containers() finds them
         (root / ".sagemaker").mkdir()
         (root / "serving").mkdir()
-        (root / ".sagemaker" / "config.yaml").write_text(yaml.safe_dump({"local": {
-            "serving_port": free_port(), "container_root": str(root / "serving")}}))
+        (root / ".sagemaker" / "config.yaml").write_text(
+            yaml.safe_dump(
+                {"local": {"serving_port": free_port(), "container_root": str(root / "serving")}}
+            )
+        )
         if prepare:
             prepare(root)
         try:  # the SDK's process and its compose children, killed whole on a time-out
-            result = run_script([str(python), str(REPO / "tests/image/sdk_job.py"),
-                                 str(spec_file)], {**env, "HOME": str(root)}, timeout=600,
-                                cwd=root)
+            result = run_script(
+                [str(python), str(REPO / "tests/image/sdk_job.py"), str(spec_file)],
+                {**env, "HOME": str(root)},
+                timeout=600,
+                cwd=root,
+            )
             ids = containers(engine, root)
-            codes = {host: int(engine.run("inspect", "--format", "{{.State.ExitCode}}",
-                                          container).stdout) for host, container in ids.items()}
+            codes = {
+                host: int(
+                    engine.run("inspect", "--format", "{{.State.ExitCode}}", container).stdout
+                )
+                for host, container in ids.items()
+            }
         finally:  # the SDK leaves its stopped containers behind
             left = list(containers(engine, root).values())
             if left:
@@ -132,9 +156,15 @@ def local_mode(engine, tmp_path_factory):
 
 
 def test_hyperparameters_only_runs_the_builtin_trainer_on_one_host(local_mode, image, digits):
-    output, root, codes = local_mode({"image": image, "hosts": 1, "hyperparameters": {"epochs": 2},
-                               "channels": {name: str(digits / name)
-                                            for name in ("train", "validation")}}, "builtin")
+    output, root, codes = local_mode(
+        {
+            "image": image,
+            "hosts": 1,
+            "hyperparameters": {"epochs": 2},
+            "channels": {name: str(digits / name) for name in ("train", "validation")},
+        },
+        "builtin",
+    )
     assert codes == {"algo-1": 0}, output[-6000:]
     assert "world size 1" in output and "RESULT loss=" in output
 
@@ -144,8 +174,9 @@ def readme_blocks(sdk: int) -> list[str]:
     (Estimator), as they stand."""
     blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     if sdk == 3:
-        return [block for block in blocks if "ModelTrainer(" in block
-                or "sagemaker.core.local" in block]
+        return [
+            block for block in blocks if "ModelTrainer(" in block or "sagemaker.core.local" in block
+        ]
     return [block for block in blocks if "Estimator(" in block]
 
 
@@ -160,8 +191,9 @@ def printed_answer(output: str, sdk: int) -> dict:
 
 
 @pytest.mark.parametrize("sdk", [3, 2])
-def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(local_mode, image, digits,
-                                                                           sdk):
+def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(
+    local_mode, image, digits, sdk
+):
     """Hyperparameters only on 2 hosts (the image's own `train`; SDK 3's `ethwe` resolved),
     then the SDK's local endpoint runs the image's `serve` on the model.tar.gz local mode
     made, and gets a digit's class."""
@@ -173,13 +205,16 @@ def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(local
         (root / "build" / "default-job" / "input").mkdir(parents=True)
         (root / "build" / "default-job" / "input" / "data").symlink_to(digits)
 
-    output = local_mode({"image": image, "snippet": snippet}, f"readme-sdk{sdk}",
-                        like_make_train, SDK3 if sdk == 3 else SDK2)[0]
+    output = local_mode(
+        {"image": image, "snippet": snippet},
+        f"readme-sdk{sdk}",
+        like_make_train,
+        SDK3 if sdk == 3 else SDK2,
+    )[0]
     # (SDK 2 removes its training containers, so their logs, not their exit codes; it names
     # its compose services algo-1-<suffix>)
     for host in ("algo-1", "algo-2"):
-        assert re.search(rf"\[{host}(-\w+)?\] \|.* launcher: job completed", output), \
-            output[-6000:]
+        assert re.search(rf"\[{host}(-\w+)?\] \|.* launcher: job completed", output), output[-6000:]
     assert "world size 2" in output and "RESULT loss=" in output
     if sdk == 3:  # SDK 2's local mode writes no network_interface_name (eth0 is assumed)
         assert "network interface ethwe (resourceconfig.json) is not on this host" in output
@@ -198,26 +233,42 @@ def source(tmp_path_factory):
 
 
 # (distributed=, SourceCode's command, whether PID 1 of each container is our `train`)
-WAYS = {"entry_script": (None, None, False),
-        "entry_script+MPI": ({}, None, False),
-        "command=exec train": (None, "exec train", True)}
+WAYS = {
+    "entry_script": (None, None, False),
+    "entry_script+MPI": ({}, None, False),
+    "command=exec train": (None, "exec train", True),
+}
 
 
 @pytest.mark.parametrize("way", WAYS)
 def test_source_code_runs_one_job_over_both_containers(local_mode, image, digits, source, way):
     mpi, command, train_is_pid1 = WAYS[way]
-    output, root, codes = local_mode({"image": image, "hosts": 2, "hyperparameters": {"epochs": 2},
-                               "source_code": {"source_dir": str(source), "command": command,
-                                               "entry_script": "train.py"},
-                               "mpi": mpi, "channels": {"train": str(digits / "train")}},
-                              re.sub("[^a-z0-9]+", "-", way.lower()))
+    output, root, codes = local_mode(
+        {
+            "image": image,
+            "hosts": 2,
+            "hyperparameters": {"epochs": 2},
+            "source_code": {
+                "source_dir": str(source),
+                "command": command,
+                "entry_script": "train.py",
+            },
+            "mpi": mpi,
+            "channels": {"train": str(digits / "train")},
+        },
+        re.sub("[^a-z0-9]+", "-", way.lower()),
+    )
     assert codes == {"algo-1": 0, "algo-2": 0}, output[-6000:]
     assert ("handed to this image's launcher: train" in output) == (command is None)
     model = root / "artifacts" / "model"  # where local mode gathers every host's model folder
-    reports = sorted((json.loads(path.read_text()) for path in model.glob("rank*.json")),
-                     key=lambda report: report["rank"])
-    assert [(r["rank"], r["size"], r["host"]) for r in reports] == \
-        [(0, 2, "algo-1"), (1, 2, "algo-2")], output[-6000:]
+    reports = sorted(
+        (json.loads(path.read_text()) for path in model.glob("rank*.json")),
+        key=lambda report: report["rank"],
+    )
+    assert [(r["rank"], r["size"], r["host"]) for r in reports] == [
+        (0, 2, "algo-1"),
+        (1, 2, "algo-2"),
+    ], output[-6000:]
     assert {r["shipped"] for r in reports} == {"from source_dir"}
     assert {r["cwd"] for r in reports} == {"/opt/ml/code"}
     # only with our launcher as PID 1 does a stop (SIGTERM) reach it (otherwise PID 1 is the
@@ -226,20 +277,30 @@ def test_source_code_runs_one_job_over_both_containers(local_mode, image, digits
 
 
 def test_a_failing_rank_is_the_jobs_failure(local_mode, image, digits, source):
-    output, root, codes = local_mode({"image": image, "hosts": 2, "hyperparameters": {"epochs": 1},
-                               "source_code": {"source_dir": str(source),
-                                               "entry_script": "train.py"},
-                               "mpi": {"process_count_per_node": 1},
-                               "environment": {"FAIL_ON_HOST": "algo-2"},
-                               "channels": {"train": str(digits / "train")}}, "failing")
+    output, root, codes = local_mode(
+        {
+            "image": image,
+            "hosts": 2,
+            "hyperparameters": {"epochs": 1},
+            "source_code": {"source_dir": str(source), "entry_script": "train.py"},
+            "mpi": {"process_count_per_node": 1},
+            "environment": {"FAIL_ON_HOST": "algo-2"},
+            "channels": {"train": str(digits / "train")},
+        },
+        "failing",
+    )
     # podman-compose exits 0 here even so, and then so does the SDK (it raises only when
     # compose fails), so the containers' own exit codes are what the job says
     assert codes == {"algo-1": 1, "algo-2": 1}, output[-6000:]
     # SageMaker shows one host's failure file; local mode copies each host's output folder
     # into artifacts/output, the last host's winning
-    expected = "rank 1 on host algo-2 failed (exit code 1): AssertionError: no weights.h5 in " \
-               "/opt/ml/code (at train.py, line"
+    expected = (
+        "rank 1 on host algo-2 failed (exit code 1): AssertionError: no weights.h5 in "
+        "/opt/ml/code (at train.py, line"
+    )
     assert (root / "artifacts" / "output" / "failure").read_text().startswith(expected)
     for host in ("algo-1", "algo-2"):
-        assert any(f"[{host}]" in line and f"job FAILED (exit code 1): {expected}" in line
-                   for line in output.splitlines()), output[-6000:]
+        assert any(
+            f"[{host}]" in line and f"job FAILED (exit code 1): {expected}" in line
+            for line in output.splitlines()
+        ), output[-6000:]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from conftest import compose_cluster, http, local_cluster, serving
 
-from tests.s3_server import write_wheel
 from tests.container.test_sdk_flow import SCRIPT
+from tests.s3_server import write_wheel
 
 pytestmark = pytest.mark.container
 
@@ -32,18 +32,23 @@ def test_a_source_dir_job_in_two_containers_then_serve(engine, image, digits, tm
         for path in sorted(source.rglob("*")):
             tar.add(path, arcname=str(path.relative_to(source)), recursive=False)
     spec = local_cluster.ClusterSpec(
-        hosts=2, workdir=tmp_path / "cluster", data=digits, image=image,
-        hyperparameters={"sagemaker_submit_directory": json.dumps(f"file://{ARCHIVE}"),
-                         "sagemaker_program": json.dumps("train.py"),
-                         "processes_per_host": "1"})
+        hosts=2,
+        workdir=tmp_path / "cluster",
+        data=digits,
+        image=image,
+        hyperparameters={
+            "sagemaker_submit_directory": json.dumps(f"file://{ARCHIVE}"),
+            "sagemaker_program": json.dumps("train.py"),
+            "processes_per_host": "1",
+        },
+    )
 
     def mount_archive(document):
         for service in document["services"].values():
             service["volumes"].append(f"{archive}:{ARCHIVE}:ro")
 
     with compose_cluster(engine, spec, "sourcedir", edit=mount_archive) as cluster:
-        cluster.compose("up", "--abort-on-container-exit", check=False, capture=True,
-                        timeout=900)
+        cluster.compose("up", "--abort-on-container-exit", check=False, capture=True, timeout=900)
         codes = cluster.wait_all_exited(120)
         logs = {host: cluster.logs(host) for host in cluster.containers()}
     everything = "\n".join(f"--- {h}\n{text[-3000:]}" for h, text in logs.items())
@@ -57,8 +62,13 @@ def test_a_source_dir_job_in_two_containers_then_serve(engine, image, digits, tm
     with serving(engine, image, model) as url:
         rows = np.loadtxt(digits / "validation" / "digits.csv", delimiter=",")[:40]
         body = "\n".join(",".join(f"{v / 16:g}" for v in row[1:]) for row in rows).encode()
-        status, answer = http("POST", f"{url}/invocations", body,
-                              {"Content-Type": "text/csv", "Accept": "text/csv"}, timeout=60)
+        status, answer = http(
+            "POST",
+            f"{url}/invocations",
+            body,
+            {"Content-Type": "text/csv", "Accept": "text/csv"},
+            timeout=60,
+        )
         assert status == 200, answer
         lines = answer.decode().split("\n")  # no trailing newline: one line per record
         assert len(lines) == 40 and all(len(line.split(",")) == 10 for line in lines)

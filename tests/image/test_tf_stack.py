@@ -15,17 +15,31 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    BUILD_TIMEOUT_S,
+    add_code,
+    code_folder,
+    compose_cluster,
+    failure,
+    local_cluster,
+    logs,
+    run_script,
+    wait_for_log,
+)
 
-from conftest import (BUILD_TIMEOUT_S, add_code, code_folder, compose_cluster, failure,
-                      local_cluster, logs, run_script, wait_for_log)
 from bench.cluster import container_times
 
 pytestmark = pytest.mark.container
 
 TF_IMAGE = os.environ.get("TEST_TF_IMAGE", local_cluster.TF_IMAGE)
 SCRIPT = Path(__file__).parents[2] / "train" / "examples" / "aws_mwms_script.py"
-LAUNCH = {"heartbeat_timeout": 3, "host_timeout": 120, "leader_timeout": 120, "stop_grace": 30,
-          "sagemaker_multi_worker_mirrored_strategy_enabled": "true"}
+LAUNCH = {
+    "heartbeat_timeout": 3,
+    "host_timeout": 120,
+    "leader_timeout": 120,
+    "stop_grace": 30,
+    "sagemaker_multi_worker_mirrored_strategy_enabled": "true",
+}
 FAST = {**LAUNCH, "sagemaker_program": "aws_mwms_script.py"}
 BUILTIN = {**LAUNCH, "learning_rate": 0.002}
 HOSTS = ("algo-1", "algo-2")
@@ -39,9 +53,11 @@ def tf_image(engine) -> str:
         if engine.run("image", "inspect", TF_IMAGE, check=False).returncode:
             pytest.fail(f"TEST_IMAGE_BUILT=1 but there is no image {TF_IMAGE}")
         return TF_IMAGE
-    result = run_script(["bash", "scripts/build_image.sh"],
-                        {**engine.env, "STACK": "tf", "VARIANT": "cpu", "IMAGE": TF_IMAGE},
-                        BUILD_TIMEOUT_S - 60)
+    result = run_script(
+        ["bash", "scripts/build_image.sh"],
+        {**engine.env, "STACK": "tf", "VARIANT": "cpu", "IMAGE": TF_IMAGE},
+        BUILD_TIMEOUT_S - 60,
+    )
     if result.returncode:
         pytest.fail(f"image build failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
     return TF_IMAGE
@@ -50,8 +66,18 @@ def tf_image(engine) -> str:
 def test_the_cpu_image_has_tensorflow_without_cuda_wheels(engine, tf_image):
     """The CPU and GPU builds of this stack start from the same base, so only the install
     layer's cache key keeps the GPU's CUDA wheels (4.5 GB) out of the CPU image."""
-    result = engine.run("run", "--rm", "--network", "none", tf_image, "pip", "list",
-                        "--format=freeze", check=False, timeout=300)
+    result = engine.run(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        tf_image,
+        "pip",
+        "list",
+        "--format=freeze",
+        check=False,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     packages = dict(line.split("==", 1) for line in result.stdout.splitlines() if "==" in line)
     assert packages.get("tensorflow") == "2.21.0", packages
@@ -85,13 +111,19 @@ def stop_the_leader_in_epoch_2(engine, cluster) -> str:
 
 def cluster_spec(tmp_path, image, data, hosts=2, base=FAST, **hyperparameters):
     values = {k: str(v) for k, v in {**base, **hyperparameters}.items()}
-    return local_cluster.ClusterSpec(hosts=hosts, workdir=tmp_path / "cluster", data=data,
-                                     image=image, hyperparameters=values,
-                                     sharded=frozenset({"train"}))
+    return local_cluster.ClusterSpec(
+        hosts=hosts,
+        workdir=tmp_path / "cluster",
+        data=data,
+        image=image,
+        hyperparameters=values,
+        sharded=frozenset({"train"}),
+    )
 
 
-def test_an_aws_mwms_script_trains_on_two_hosts_with_identical_weights(engine, tf_image, data,
-                                                                       tmp_path, code):
+def test_an_aws_mwms_script_trains_on_two_hosts_with_identical_weights(
+    engine, tf_image, data, tmp_path, code
+):
     spec = cluster_spec(tmp_path, tf_image, data, epochs=3)
     with compose_cluster(engine, spec, "mwms", edit=add_code(code)) as cluster:
         cluster.compose("up", "-d", capture=True, timeout=300)
@@ -112,20 +144,31 @@ def test_an_aws_mwms_script_trains_on_two_hosts_with_identical_weights(engine, t
     assert failure(spec, "algo-1") == failure(spec, "algo-2") == ""
 
 
-@pytest.mark.parametrize("stack, hyperparameters, names", [
-    ("tf", {"sagemaker_mpi_enabled": "true"}, "run it on the Horovod image"),
-    ("horovod", {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"},
-     "run it on the TensorFlow 2.21 image (docker build --build-arg STACK=tf)")])
-def test_a_distribution_the_image_lacks_exits_2_naming_the_image(engine, image, tf_image, data,
-                                                                  tmp_path, code, stack,
-                                                                  hyperparameters, names):
+@pytest.mark.parametrize(
+    "stack, hyperparameters, names",
+    [
+        ("tf", {"sagemaker_mpi_enabled": "true"}, "run it on the Horovod image"),
+        (
+            "horovod",
+            {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"},
+            "run it on the TensorFlow 2.21 image (docker build --build-arg STACK=tf)",
+        ),
+    ],
+)
+def test_a_distribution_the_image_lacks_exits_2_naming_the_image(
+    engine, image, tf_image, data, tmp_path, code, stack, hyperparameters, names
+):
     chosen = tf_image if stack == "tf" else image
     settings = {**FAST, **hyperparameters}
     if stack == "tf":
         settings.pop("sagemaker_multi_worker_mirrored_strategy_enabled")
-    spec = local_cluster.ClusterSpec(hosts=2, workdir=tmp_path / "cluster", data=data,
-                                     image=chosen,
-                                     hyperparameters={k: str(v) for k, v in settings.items()})
+    spec = local_cluster.ClusterSpec(
+        hosts=2,
+        workdir=tmp_path / "cluster",
+        data=data,
+        image=chosen,
+        hyperparameters={k: str(v) for k, v in settings.items()},
+    )
     codes, output = run_to_end(engine, spec, "wrong-image", code)
     assert codes == {"algo-1": 2, "algo-2": 2}, output
     for host in HOSTS:
@@ -137,8 +180,9 @@ def fault_seconds(engine, cluster, fault_at: float) -> float:
     return max(container_times(engine, containers[host])[1] for host in HOSTS) - fault_at
 
 
-def signal_in_epoch_3(engine, spec, code: Path, signal: str, victim: str,
-                      stack: str) -> tuple[dict[str, int], str]:
+def signal_in_epoch_3(
+    engine, spec, code: Path, signal: str, victim: str, stack: str
+) -> tuple[dict[str, int], str]:
     """Send `signal` to `victim`'s container once the leader trains its third epoch; (host ->
     exit code, the logs), printing how long after the signal the last host exited."""
     with compose_cluster(engine, spec, f"signal-{signal.lower()}", edit=add_code(code)) as cluster:
@@ -147,8 +191,10 @@ def signal_in_epoch_3(engine, spec, code: Path, signal: str, victim: str,
         fault_at = time.time()
         engine.run("kill", "--signal", signal, cluster.containers()[victim])
         exited = cluster.wait_all_exited(NO_HANG)
-        print(f"\n{stack}: SIG{signal} to {victim}, last exit "
-              f"{fault_seconds(engine, cluster, fault_at):.1f} s after it")
+        print(
+            f"\n{stack}: SIG{signal} to {victim}, last exit "
+            f"{fault_seconds(engine, cluster, fault_at):.1f} s after it"
+        )
         return exited, logs(cluster)
 
 
@@ -159,14 +205,20 @@ def test_a_worker_that_raises_fails_the_job_naming_it(engine, tf_image, data, tm
     for host in HOSTS:
         assert failure(spec, host).startswith(
             "rank 1 on host algo-2 failed (exit code 1): ValueError: worker 1 cannot parse its "
-            "data (at aws_mwms_script.py, line"), failure(spec, host)
+            "data (at aws_mwms_script.py, line"
+        ), failure(spec, host)
 
 
-@pytest.mark.parametrize("victim, codes, survivor, cause", [
-    ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
-    ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: ")])
-def test_a_killed_host_fails_the_job_naming_it(engine, tf_image, data, tmp_path, code, victim,
-                                               codes, survivor, cause):
+@pytest.mark.parametrize(
+    "victim, codes, survivor, cause",
+    [
+        ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
+        ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: "),
+    ],
+)
+def test_a_killed_host_fails_the_job_naming_it(
+    engine, tf_image, data, tmp_path, code, victim, codes, survivor, cause
+):
     spec = cluster_spec(tmp_path, tf_image, data, epochs=500)
     exited, output = signal_in_epoch_3(engine, spec, code, "KILL", victim, "MWMS")
     assert exited == codes, output
@@ -182,15 +234,18 @@ def test_a_frozen_worker_fails_the_job_naming_its_host(engine, tf_image, data, t
         cluster.compose("up", "-d", capture=True, timeout=300)
         wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
         fault_at = time.time()
-        engine.run("exec", cluster.containers()["algo-2"], "pkill", "-STOP", "-f",
-                   "train.script_runner")
+        engine.run(
+            "exec", cluster.containers()["algo-2"], "pkill", "-STOP", "-f", "train.script_runner"
+        )
         codes = cluster.wait_all_exited(NO_HANG)
-        print(f"\nMWMS: worker on algo-2 frozen (SIGSTOP), last exit "
-              f"{fault_seconds(engine, cluster, fault_at):.1f} s after the fault")
+        print(
+            f"\nMWMS: worker on algo-2 frozen (SIGSTOP), last exit "
+            f"{fault_seconds(engine, cluster, fault_at):.1f} s after the fault"
+        )
         output = logs(cluster)
     assert codes == {"algo-1": 1, "algo-2": 1}, output
     for host in HOSTS:
         assert failure(spec, host).startswith(
             "TensorFlow worker 1 (rank 1 on host algo-2) stopped sending heartbeats: frozen, or "
-            "its host is gone; rank 0 on host algo-1 failed (exit code 1): UnavailableError"), \
-            failure(spec, host)
+            "its host is gone; rank 0 on host algo-1 failed (exit code 1): UnavailableError"
+        ), failure(spec, host)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 import pytest
 
@@ -25,8 +25,12 @@ class Seen:
     body: bytes
 
 
-def reply(status: int = 200, body: object = None, headers: dict[str, str] | None = None,
-          raw: bytes | None = None) -> Answer:
+def reply(
+    status: int = 200,
+    body: object = None,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+) -> Answer:
     """An answer: `body` as JSON (or `raw` bytes as they are) with this status."""
     data = raw if raw is not None else json.dumps({} if body is None else body).encode()
 
@@ -37,6 +41,7 @@ def reply(status: int = 200, body: object = None, headers: dict[str, str] | None
         handler.send_header("Content-Length", str(len(data)))
         handler.end_headers()
         handler.wfile.write(data)
+
     return answer
 
 
@@ -47,13 +52,14 @@ def hang_up(handler: BaseHTTPRequestHandler) -> None:
 
 def cut_short(handler: BaseHTTPRequestHandler) -> None:
     """A 200 that promises 100 bytes and sends 10."""
-    handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"run\": {}")
+    handler.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"run": {}')
     handler.close_connection = True
 
 
 def trickle(seconds_per_byte: float, body: bytes = b'{"a": 12345}') -> Answer:
     """A 200 whose body comes one byte at a time: each read gets a byte well within any
     per-read timeout, the whole takes len(body) * seconds_per_byte."""
+
     def answer(handler: BaseHTTPRequestHandler) -> None:
         handler.send_response(200)
         handler.send_header("Content-Length", str(len(body)))
@@ -63,6 +69,7 @@ def trickle(seconds_per_byte: float, body: bytes = b'{"a": 12345}') -> Answer:
             time.sleep(seconds_per_byte)
             handler.wfile.write(bytes([byte]))
             handler.wfile.flush()
+
     return answer
 
 
@@ -106,9 +113,11 @@ class StubServer:
 
     def slow(self, seconds: float, then: Answer = reply()) -> Answer:
         """An answer that comes after `seconds` (or when the server closes)."""
+
         def answer(handler: BaseHTTPRequestHandler) -> None:
             self.released.wait(seconds)
             then(handler)
+
         return answer
 
     def close(self) -> None:
@@ -125,6 +134,7 @@ def servers():
     def make(routes: dict[str, Answer] | None = None, default: Answer = reply()) -> StubServer:
         made.append(StubServer(routes, default))
         return made[-1]
+
     yield make
     for server in made:
         server.close()

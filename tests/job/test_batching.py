@@ -1,14 +1,20 @@
 import pytest
 
-from job.errors import ConfigError
 from job.batching import plan_batches
+from job.errors import ConfigError
 from train.schedule import warmup_rate
 
 
 def plan(**overrides):
-    values = dict(world_size=8, global_batch_size=0, per_device_batch_size=32,
-                  max_device_batch_size=256, learning_rate=0.1, base_batch_size=256,
-                  scale_learning_rate=True)
+    values = dict(
+        world_size=8,
+        global_batch_size=0,
+        per_device_batch_size=32,
+        max_device_batch_size=256,
+        learning_rate=0.1,
+        base_batch_size=256,
+        scale_learning_rate=True,
+    )
     values.update(overrides)
     return plan_batches(**values)
 
@@ -36,16 +42,21 @@ def test_accumulation_steps_divide_the_per_device_batch():
 
 
 def test_uneven_global_batch_says_which_multiples_work():
-    with pytest.raises(ConfigError, match="global_batch_size=100 cannot be split evenly over 8 "
-                                          "devices; use a multiple of 8, e.g. 96 or 104"):
+    with pytest.raises(
+        ConfigError,
+        match="global_batch_size=100 cannot be split evenly over 8 "
+        "devices; use a multiple of 8, e.g. 96 or 104",
+    ):
         plan(global_batch_size=100)
 
 
 def test_no_scaling_keeps_the_rate_and_derivation_is_printed():
     result = plan(scale_learning_rate=False, global_batch_size=1024)
     assert result.learning_rate == 0.1
-    assert result.derivation() == ("global batch 1024 = 8 device(s) x 1 accumulated "
-                                   "micro-batch(es) x 128; learning rate 0.1 x 1024/base batch = 0.1")
+    assert result.derivation() == (
+        "global batch 1024 = 8 device(s) x 1 accumulated "
+        "micro-batch(es) x 128; learning rate 0.1 x 1024/base batch = 0.1"
+    )
 
 
 def test_warmup_ramps_linearly_then_holds():

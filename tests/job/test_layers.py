@@ -42,25 +42,31 @@ def module_name(path: Path) -> str:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_a_package_imports_only_the_floors_below_it(package):
-    wrong = sorted(f"{path.relative_to(ROOT)} imports {name}"
-                   for path in sorted((ROOT / package).rglob("*.py"))
-                   for name in project_imports(path)
-                   if name.split(".")[0] not in ALLOWED[package])
+    wrong = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in project_imports(path)
+        if name.split(".")[0] not in ALLOWED[package]
+    )
     assert not wrong, "\n".join(wrong)
 
 
 def test_no_import_cycle_between_modules():
     paths = [p for package in ALLOWED for p in sorted((ROOT / package).rglob("*.py"))]
     modules = {module_name(p): p for p in paths}
-    graph = {name: {m for m in project_imports(path) if m in modules and m != name}
-             for name, path in modules.items()}
+    graph = {
+        name: {m for m in project_imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
     state: dict[str, str] = {}
 
     def visit(name: str, trail: list[str]) -> None:
         state[name] = "open"
         for target in sorted(graph[name]):
             if state.get(target) == "open":
-                cycle = trail[trail.index(target):] + [target] if target in trail else [name, target]
+                cycle = (
+                    trail[trail.index(target) :] + [target] if target in trail else [name, target]
+                )
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if target not in state:
                 visit(target, trail + [target])
@@ -85,12 +91,20 @@ def test_the_server_uses_gunicorn_only_through_its_documented_api():
     is created"): no private module or name is imported. (The intake also reads two
     undocumented attributes of the connections that pool is given; serve/intake.py names them,
     and tests/serve/test_serve_slow_clients.py fails if a release changes them.)"""
-    used = {name for path in sorted((ROOT / "serve").rglob("*.py"))
-            for name in imported_modules(path) if name.split(".")[0] == "gunicorn"}
-    assert used <= {"gunicorn.app.base", "gunicorn.app.base.BaseApplication",
-                    "gunicorn.glogging", "gunicorn.glogging.Logger",
-                    "gunicorn.workers.gthread", "gunicorn.workers.gthread.ThreadWorker"
-                    }, sorted(used)
+    used = {
+        name
+        for path in sorted((ROOT / "serve").rglob("*.py"))
+        for name in imported_modules(path)
+        if name.split(".")[0] == "gunicorn"
+    }
+    assert used <= {
+        "gunicorn.app.base",
+        "gunicorn.app.base.BaseApplication",
+        "gunicorn.glogging",
+        "gunicorn.glogging.Logger",
+        "gunicorn.workers.gthread",
+        "gunicorn.workers.gthread.ThreadWorker",
+    }, sorted(used)
     assert not [name for name in used if name.rsplit(".", 1)[-1].startswith("_")]
 
 
@@ -101,5 +115,6 @@ def test_script_mode_hands_over_every_name_the_project_installs():
     from train.script_runner import OUR_PACKAGES
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"]["find"]["include"]
+        "packages"
+    ]["find"]["include"]
     assert sorted(OUR_PACKAGES) == sorted(pattern.removesuffix("*") for pattern in include)

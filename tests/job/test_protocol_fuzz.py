@@ -8,20 +8,65 @@ from __future__ import annotations
 from hypothesis import example
 from hypothesis import strategies as st
 
-from job.protocol import (ACTIVE_MARKER, FAILURE_MARKER, METRICS_PREFIX, PROGRESS_MARKER,
-                          STOPPED_MARKER, TIME_MARKER, FailureKind, Mark, RankFailure,
-                          active_line, parse_active, parse_mark, parse_metrics, parse_progress,
-                          parse_rank_failure, parse_stopped, progress_line)
+from job.protocol import (
+    ACTIVE_MARKER,
+    FAILURE_MARKER,
+    METRICS_PREFIX,
+    PROGRESS_MARKER,
+    STOPPED_MARKER,
+    TIME_MARKER,
+    FailureKind,
+    Mark,
+    RankFailure,
+    active_line,
+    parse_active,
+    parse_mark,
+    parse_metrics,
+    parse_progress,
+    parse_rank_failure,
+    parse_stopped,
+    progress_line,
+)
 from tests.fuzzing import fuzz
 
-MARKERS = [ACTIVE_MARKER, FAILURE_MARKER, METRICS_PREFIX, PROGRESS_MARKER, STOPPED_MARKER,
-           TIME_MARKER]
+MARKERS = [
+    ACTIVE_MARKER,
+    FAILURE_MARKER,
+    METRICS_PREFIX,
+    PROGRESS_MARKER,
+    STOPPED_MARKER,
+    TIME_MARKER,
+]
 pieces = st.one_of(
-    st.sampled_from(MARKERS + [" ", "=", ":", "[1,0]<stdout>:", "step=", "cpu=", "rank=",
-                               "host=", "kind=", "epoch=", "loss=", "config", "\u0661", "\uff11",
-                               "1" * 5000, "9" * 30, ".5", "nan", "\x00", "\ud800", "\t"]),
+    st.sampled_from(
+        MARKERS
+        + [
+            " ",
+            "=",
+            ":",
+            "[1,0]<stdout>:",
+            "step=",
+            "cpu=",
+            "rank=",
+            "host=",
+            "kind=",
+            "epoch=",
+            "loss=",
+            "config",
+            "\u0661",
+            "\uff11",
+            "1" * 5000,
+            "9" * 30,
+            ".5",
+            "nan",
+            "\x00",
+            "\ud800",
+            "\t",
+        ]
+    ),
     st.integers(-5, 10**6).map(str),
-    st.text(max_size=6))
+    st.text(max_size=6),
+)
 lines = st.lists(pieces, max_size=10).map("".join)
 
 
@@ -40,16 +85,23 @@ def test_no_line_breaks_a_parser(line):
     assert failure is None or (isinstance(failure.kind, FailureKind) and failure.rank >= 0)
 
 
-host_names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1,
-                     max_size=12)
+host_names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
 
 
-@fuzz("job.protocol: lines written and read back", max_examples=300,
-      step=st.none() | st.integers(0, 10**15), cores=st.floats(0, 1000),
-      failure=st.builds(RankFailure, st.integers(0, 10**6), host_names,
-                        st.sampled_from(FailureKind), st.text(max_size=30).map(
-                            lambda text: " ".join(text.split()))),
-      tag=st.sampled_from(["", "[1,0]<stdout>:", "[1,12]<stderr>:"]))
+@fuzz(
+    "job.protocol: lines written and read back",
+    max_examples=300,
+    step=st.none() | st.integers(0, 10**15),
+    cores=st.floats(0, 1000),
+    failure=st.builds(
+        RankFailure,
+        st.integers(0, 10**6),
+        host_names,
+        st.sampled_from(FailureKind),
+        st.text(max_size=30).map(lambda text: " ".join(text.split())),
+    ),
+    tag=st.sampled_from(["", "[1,0]<stdout>:", "[1,12]<stderr>:"]),
+)
 def test_every_line_reads_back(step, cores, failure, tag):
     assert parse_progress(tag + progress_line(step)) == (True, step)
     assert parse_active(tag + active_line(cores)) == round(cores, 2)

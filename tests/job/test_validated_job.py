@@ -7,22 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from job.errors import ConfigError
-from job.validated import validate_hyperparameters
-from job.paths import MlPaths
 from container.plan import make_plan
-from job.sagemaker_config import Channel, JobConfig, ResourceConfig
+from job.errors import ConfigError
+from job.paths import MlPaths
 from job.rank_job import JOB_ENV, RankJob, read_rank_job
+from job.sagemaker_config import Channel, JobConfig, ResourceConfig
+from job.validated import validate_hyperparameters
 
 PYTHON = "/venv/bin/python"
 
 
 def plan_of(paths: MlPaths, hyperparameters: dict, environ=None, hosts=("algo-1",)):
-    job = JobConfig(paths, ResourceConfig(hosts[0], tuple(hosts)), hyperparameters,
-                    {"train": Channel("train")})
+    job = JobConfig(
+        paths, ResourceConfig(hosts[0], tuple(hosts)), hyperparameters, {"train": Channel("train")}
+    )
     environ = environ or {}
-    return make_plan(job, validate_hyperparameters(hyperparameters, environ), gpu_count=0,
-                     python=PYTHON, runtime=Path("/run/job"), environ=environ)
+    return make_plan(
+        job,
+        validate_hyperparameters(hyperparameters, environ),
+        gpu_count=0,
+        python=PYTHON,
+        runtime=Path("/run/job"),
+        environ=environ,
+    )
 
 
 def job_in_argv(argv) -> str:
@@ -40,41 +47,73 @@ def with_script(tmp_path, name="train.py") -> MlPaths:
 
 
 def test_ranks_receive_the_trainer_config_and_batch_plan_the_launcher_made(tmp_path):
-    plan = plan_of(MlPaths(tmp_path), {
-        "global_batch_size": "512", "max_device_batch_size": 64, "learning_rate": "0.1",
-        "base_batch_size": "256", "optimizer": "\"sgd\"", "fp16_allreduce": "True",
-        "sagemaker_job_name": "\"job-1\""}, hosts=("algo-1", "algo-2"))
+    plan = plan_of(
+        MlPaths(tmp_path),
+        {
+            "global_batch_size": "512",
+            "max_device_batch_size": 64,
+            "learning_rate": "0.1",
+            "base_batch_size": "256",
+            "optimizer": '"sgd"',
+            "fp16_allreduce": "True",
+            "sagemaker_job_name": '"job-1"',
+        },
+        hosts=("algo-1", "algo-2"),
+    )
     received = read_rank_job({JOB_ENV: job_in_argv(plan.mpirun)})
     assert received == plan.job
     batches = received.batches
-    assert (batches.world_size, batches.global_batch, batches.per_device_batch,
-            batches.micro_batch, batches.accumulation_steps) == (2, 512, 256, 64, 4)
+    assert (
+        batches.world_size,
+        batches.global_batch,
+        batches.per_device_batch,
+        batches.micro_batch,
+        batches.accumulation_steps,
+    ) == (2, 512, 256, 64, 4)
     assert batches.learning_rate == pytest.approx(0.2)
     trainer = received.trainer
     assert (trainer.optimizer, trainer.fp16_allreduce, trainer.learning_rate) == ("sgd", True, 0.1)
     assert received.program == "" and received.script_hyperparameters == {}
 
 
-@pytest.mark.parametrize("hyperparameters, environ", [
-    ({"sagemaker_program": "\"train.py\""}, {}),
-    ({"program": "train.py"}, {}),
-    ({}, {"SAGEMAKER_PROGRAM": "train.py"}),
-])
+@pytest.mark.parametrize(
+    "hyperparameters, environ",
+    [
+        ({"sagemaker_program": '"train.py"'}, {}),
+        ({"program": "train.py"}, {}),
+        ({}, {"SAGEMAKER_PROGRAM": "train.py"}),
+    ],
+)
 def test_a_script_sees_its_hyperparameters_decoded_however_the_program_was_named(
-        tmp_path, hyperparameters, environ):
-    plan = plan_of(with_script(tmp_path), {
-        **hyperparameters, "epochs": "3", "optimizer": "\"adam\"", "layers": "[64, 32]",
-        "processes_per_host": "1", "sagemaker_region": "\"us-east-1\""}, environ)
+    tmp_path, hyperparameters, environ
+):
+    plan = plan_of(
+        with_script(tmp_path),
+        {
+            **hyperparameters,
+            "epochs": "3",
+            "optimizer": '"adam"',
+            "layers": "[64, 32]",
+            "processes_per_host": "1",
+            "sagemaker_region": '"us-east-1"',
+        },
+        environ,
+    )
     received = read_rank_job({JOB_ENV: job_in_argv(plan.mpirun)})
     assert received.program == "train.py" and received.trainer is None
     assert received.script_hyperparameters == {
-        "epochs": 3, "optimizer": "adam", "layers": [64, 32], "sagemaker_region": "us-east-1",
-        "sagemaker_program": "train.py"}  # the launcher's processes_per_host is consumed
+        "epochs": 3,
+        "optimizer": "adam",
+        "layers": [64, 32],
+        "sagemaker_region": "us-east-1",
+        "sagemaker_program": "train.py",
+    }  # the launcher's processes_per_host is consumed
 
 
 def test_the_program_key_wins_over_the_environment():
-    settings = validate_hyperparameters({"sagemaker_program": "mine.py"},
-                                        {"SAGEMAKER_PROGRAM": "theirs.py"})
+    settings = validate_hyperparameters(
+        {"sagemaker_program": "mine.py"}, {"SAGEMAKER_PROGRAM": "theirs.py"}
+    )
     assert settings.program == "mine.py"
     assert validate_hyperparameters({}, {"SAGEMAKER_PROGRAM": "theirs.py"}).program == "theirs.py"
     assert validate_hyperparameters({}, {}).program == ""
@@ -84,8 +123,9 @@ def test_unknown_names_are_refused_with_the_nearest_valid_one():
     with pytest.raises(ConfigError) as error:
         validate_hyperparameters({"learnin_rate": "0.1", "zzz": "1"}, {})
     message = str(error.value)
-    assert message.startswith("unknown hyperparameter(s) learnin_rate, zzz (did you mean "
-                              "learning_rate for learnin_rate?)")
+    assert message.startswith(
+        "unknown hyperparameter(s) learnin_rate, zzz (did you mean learning_rate for learnin_rate?)"
+    )
     assert "the launcher takes" in message and "processes_per_host" in message
     assert f"set program=<file under {MlPaths().code_dir}>" in message
 
@@ -101,8 +141,15 @@ def test_a_job_too_large_for_one_environment_variable_is_refused_before_start(tm
         plan_of(with_script(tmp_path), {"sagemaker_program": "train.py", **big})
 
 
-@pytest.mark.parametrize("text", ["{", "{}", '{"program": "", "script_hyperparameters": {}, '
-                                  '"trainer": {"epochs": 3, "no_such_field": 1}, "batches": null}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{",
+        "{}",
+        '{"program": "", "script_hyperparameters": {}, '
+        '"trainer": {"epochs": 3, "no_such_field": 1}, "batches": null}',
+    ],
+)
 def test_a_damaged_job_names_the_variable(text):
     with pytest.raises(ConfigError, match=f"{JOB_ENV} does not hold a job written by"):
         RankJob.from_json(text)
@@ -111,23 +158,35 @@ def test_a_damaged_job_names_the_variable(text):
 @pytest.mark.parametrize("program", [["train.rank_main"], ["train.script_runner", "x.py"]])
 def test_a_rank_started_without_the_launcher_says_how_to_start_it(program):
     env = {k: v for k, v in os.environ.items() if k != JOB_ENV}
-    result = subprocess.run([sys.executable, "-m", *program], capture_output=True, text=True,
-                            env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", *program], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 1  # the rank program fails; the launcher maps kinds to codes
-    assert ("TRAIN-FAILURE rank=0 host=" in result.stderr
-            and f"ConfigError: {JOB_ENV} is not set: rank programs run under the launcher"
-            in result.stderr and "run `train --ml-root DIR`" in result.stderr), result.stderr
+    assert (
+        "TRAIN-FAILURE rank=0 host=" in result.stderr
+        and f"ConfigError: {JOB_ENV} is not set: rank programs run under the launcher"
+        in result.stderr
+        and "run `train --ml-root DIR`" in result.stderr
+    ), result.stderr
 
 
-@pytest.mark.parametrize("given, message", [
-    ({"progress_timeout": "10"}, "hyperparameter progress_timeout=10 is too short: a healthy "
-     "rank may sit idle up to 60 s (as Keras's fit returns, tf.data's autotuning winds down), "
-     "which the watchdog would end as hung; set it to 120 or more (the minimum), or 0 to turn "
-     "the watchdog off"),
-    ({"progress_timeout": 119.5}, "progress_timeout=119.5 is too short"),
-    ({"first_progress_timeout": "10"},
-     "hyperparameter first_progress_timeout='10' is invalid: expected a number >= 120"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (
+            {"progress_timeout": "10"},
+            "hyperparameter progress_timeout=10 is too short: a healthy "
+            "rank may sit idle up to 60 s (as Keras's fit returns, tf.data's autotuning winds down), "
+            "which the watchdog would end as hung; set it to 120 or more (the minimum), or 0 to turn "
+            "the watchdog off",
+        ),
+        ({"progress_timeout": 119.5}, "progress_timeout=119.5 is too short"),
+        (
+            {"first_progress_timeout": "10"},
+            "hyperparameter first_progress_timeout='10' is invalid: expected a number >= 120",
+        ),
+    ],
+)
 @pytest.mark.parametrize("mode", [{}, {"sagemaker_program": "train.py"}])
 def test_a_watchdog_allowance_that_would_end_a_healthy_job_is_refused(given, message, mode):
     """The launcher used to accept progress_timeout=10 with a warning, and the watchdog then
@@ -137,8 +196,9 @@ def test_a_watchdog_allowance_that_would_end_a_healthy_job_is_refused(given, mes
     assert message in str(refused.value)
 
 
-@pytest.mark.parametrize("given", [{"progress_timeout": 0}, {"progress_timeout": 120},
-                                   {"first_progress_timeout": 120}])
+@pytest.mark.parametrize(
+    "given", [{"progress_timeout": 0}, {"progress_timeout": 120}, {"first_progress_timeout": 120}]
+)
 def test_the_minimum_allowance_and_the_watchdog_off_are_accepted(given):
     launch = validate_hyperparameters(given, {}).launch
     assert [getattr(launch, name) for name in given] == list(given.values())

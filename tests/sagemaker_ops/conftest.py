@@ -24,6 +24,8 @@ def stubbed():
 @pytest.fixture
 def no_clients():
     """A client factory that fails the test if anything tries to reach AWS."""
+
     def refuse():
         pytest.fail("an AWS client was created, so a request could have been sent")
+
     return refuse

@@ -21,8 +21,12 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
 
 def botocore_accepts(operation: str, request: dict) -> None:
     """The check botocore runs before sending, straight from its model, then the strict one."""
-    shape = (botocore.session.get_session().get_service_model("sagemaker")
-             .operation_model(operation).input_shape)
+    shape = (
+        botocore.session.get_session()
+        .get_service_model("sagemaker")
+        .operation_model(operation)
+        .input_shape
+    )
     report = botocore.validate.ParamValidator().validate(request, shape)
     assert not report.has_errors(), report.generate_report()
     assert schema.problems(operation, request) == []
@@ -31,6 +35,7 @@ def botocore_accepts(operation: str, request: dict) -> None:
 def offline_client(service: str):
     """A client with fake credentials and an endpoint on a closed local port: wrap it in a
     Stubber; should anything slip past the stub, it fails on 127.0.0.1:9, never on AWS."""
-    session = boto3.session.Session(aws_access_key_id="testing",
-                                    aws_secret_access_key="testing", region_name="us-east-1")
+    session = boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )
     return session.client(service, endpoint_url="http://127.0.0.1:9")

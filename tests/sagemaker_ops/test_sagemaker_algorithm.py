@@ -11,11 +11,11 @@ from sagemaker_testing import IMAGE, botocore_accepts
 from job.errors import ConfigError
 from job.hyperparameters import describe, parse
 from job.launch_config import OWN_CODE, LaunchConfig
+from job.trainer_config import TrainerConfig
 from sagemaker_ops import builders as b
 from sagemaker_ops import capabilities as cap
 from sagemaker_ops import cli, metrics, schema
 from sagemaker_ops.hyperparameters import _spec, supported_hyperparameters
-from job.trainer_config import TrainerConfig
 
 CONFIGS = (TrainerConfig, LaunchConfig)
 SPECS = supported_hyperparameters()
@@ -32,19 +32,36 @@ def test_request_fits_the_schema_and_says_what_the_trainer_accepts():
     training = request["TrainingSpecification"]
     assert training["SupportsDistributedTraining"] is True
     assert training["MetricDefinitions"] == metrics.definitions()
-    data_types = ["text/csv", "application/x-npz", "application/x-tfrecord",
-                  "application/x-image", "image/jpeg", "image/png"]
-    assert {c["Name"]: (c["IsRequired"], c["SupportedContentTypes"], c["SupportedInputModes"])
-            for c in training["TrainingChannels"]} == {
+    data_types = [
+        "text/csv",
+        "application/x-npz",
+        "application/x-tfrecord",
+        "application/x-image",
+        "image/jpeg",
+        "image/png",
+    ]
+    assert {
+        c["Name"]: (c["IsRequired"], c["SupportedContentTypes"], c["SupportedInputModes"])
+        for c in training["TrainingChannels"]
+    } == {
         "train": (True, data_types, ["File", "FastFile"]),
         "validation": (False, data_types, ["File", "FastFile"]),
-        "weights": (False, data_types, ["File", "FastFile"])}
+        "weights": (False, data_types, ["File", "FastFile"]),
+    }
     assert {o["MetricName"] for o in training["SupportedTuningJobObjectiveMetrics"]} == {
-        "train:loss", "train:accuracy", "validation:loss", "validation:accuracy"}
+        "train:loss",
+        "train:accuracy",
+        "validation:loss",
+        "validation:accuracy",
+    }
     inference = request["InferenceSpecification"]
     assert inference["Containers"] == [{"Image": IMAGE}]
     assert set(inference["SupportedContentTypes"]) == {
-        "application/json", "text/csv", "application/jsonlines", "application/x-npy"}
+        "application/json",
+        "text/csv",
+        "application/jsonlines",
+        "application/x-npy",
+    }
     assert inference["SupportedResponseMIMETypes"] == inference["SupportedContentTypes"]
 
 
@@ -65,15 +82,22 @@ def test_image_digest_pins_both_images():
     assert request["InferenceSpecification"]["Containers"][0]["ImageDigest"] == digest
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(name="horovod_keras"), "AlgorithmName: 'horovod_keras' does not match"),
-    (dict(training_instance_types=("ml.m5.xlarge", "ml.m5.huge")),
-     "SupportedTrainingInstanceTypes[1]: 'ml.m5.huge' is not valid"),
-    (dict(transform_instance_types=("ml.t2.medium",)),
-     "SupportedTransformInstanceTypes[0]: 'ml.t2.medium' is not valid"),
-    (dict(description="x" * 1025), "AlgorithmDescription: 1025 characters; at most 1024"),
-    (dict(image_digest="sha256:short"), "TrainingImageDigest: 'sha256:short' does not match"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(name="horovod_keras"), "AlgorithmName: 'horovod_keras' does not match"),
+        (
+            dict(training_instance_types=("ml.m5.xlarge", "ml.m5.huge")),
+            "SupportedTrainingInstanceTypes[1]: 'ml.m5.huge' is not valid",
+        ),
+        (
+            dict(transform_instance_types=("ml.t2.medium",)),
+            "SupportedTransformInstanceTypes[0]: 'ml.t2.medium' is not valid",
+        ),
+        (dict(description="x" * 1025), "AlgorithmDescription: 1025 characters; at most 1024"),
+        (dict(image_digest="sha256:short"), "TrainingImageDigest: 'sha256:short' does not match"),
+    ],
+)
 def test_bad_algorithm_refused(change, message):
     with pytest.raises(ConfigError) as refused:
         b.algorithm_request(b.Algorithm(**{"name": "horovod-keras", "image": IMAGE, **change}))
@@ -88,11 +112,16 @@ def test_every_hyperparameter_is_generated_once_from_its_definition():
         info = next(i for i in describe(OWNER[spec["Name"]]) if i["name"] == spec["Name"])
         assert spec["Description"] == info["help"]
         assert spec["IsRequired"] is False
-        expected = {"int": "Integer", "float": "Continuous", "bool": "Categorical",
-                    "str": "Categorical" if info["choices"] else "FreeText"}[info["type"]]
+        expected = {
+            "int": "Integer",
+            "float": "Continuous",
+            "bool": "Categorical",
+            "str": "Categorical" if info["choices"] else "FreeText",
+        }[info["type"]]
         assert spec["Type"] == expected
-        assert spec["IsTunable"] == (OWNER[spec["Name"]] is TrainerConfig
-                                     and expected != "FreeText")
+        assert spec["IsTunable"] == (
+            OWNER[spec["Name"]] is TrainerConfig and expected != "FreeText"
+        )
 
 
 def test_defaults_pass_the_trainers_own_parse():
@@ -103,13 +132,15 @@ def test_defaults_pass_the_trainers_own_parse():
 
 
 def _below(kind: str, value: str) -> str:
-    return str(int(value) - 1) if kind == "Integer" else repr(math.nextafter(float(value),
-                                                                             -math.inf))
+    return (
+        str(int(value) - 1) if kind == "Integer" else repr(math.nextafter(float(value), -math.inf))
+    )
 
 
 def _above(kind: str, value: str) -> str:
-    return str(int(value) + 1) if kind == "Integer" else repr(math.nextafter(float(value),
-                                                                             math.inf))
+    return (
+        str(int(value) + 1) if kind == "Integer" else repr(math.nextafter(float(value), math.inf))
+    )
 
 
 RANGED = [s for s in SPECS if s["Type"] in ("Integer", "Continuous")]
@@ -150,34 +181,73 @@ def test_free_text_defaults_parse_and_have_no_range():
 
 
 def test_long_help_is_shortened_to_sagemakers_limit():
-    info = {"name": "x", "type": "float", "default": 0.5, "minimum": 0.0, "maximum": 1.0,
-            "choices": None, "aliases": [], "help": "word " * 400}
+    info = {
+        "name": "x",
+        "type": "float",
+        "default": 0.5,
+        "minimum": 0.0,
+        "maximum": 1.0,
+        "choices": None,
+        "aliases": [],
+        "help": "word " * 400,
+    }
     spec = _spec(info, tunable=True)
     assert len(spec["Description"]) == 1024 and spec["Description"].endswith("…")
-    assert spec["Range"] == {"ContinuousParameterRangeSpecification": {"MinValue": "0.0",
-                                                                       "MaxValue": "1.0"}}
+    assert spec["Range"] == {
+        "ContinuousParameterRangeSpecification": {"MinValue": "0.0", "MaxValue": "1.0"}
+    }
 
 
 def test_cli_register_dry_run(capsys, no_clients):
-    assert cli.main(["register", "--algorithm-name", "horovod-keras", "--image", IMAGE,
-                     "--training-instance-type", "ml.c5.4xlarge",
-                     "--training-instance-type", "ml.g5.xlarge", "--dry-run"],
-                    make_clients=no_clients) == 0
+    assert (
+        cli.main(
+            [
+                "register",
+                "--algorithm-name",
+                "horovod-keras",
+                "--image",
+                IMAGE,
+                "--training-instance-type",
+                "ml.c5.4xlarge",
+                "--training-instance-type",
+                "ml.g5.xlarge",
+                "--dry-run",
+            ],
+            make_clients=no_clients,
+        )
+        == 0
+    )
     [step] = json.loads(capsys.readouterr().out)
     assert step["operation"] == "CreateAlgorithm"
     botocore_accepts("CreateAlgorithm", step["request"])
     assert step["request"]["TrainingSpecification"]["SupportedTrainingInstanceTypes"] == [
-        "ml.c5.4xlarge", "ml.g5.xlarge"]
+        "ml.c5.4xlarge",
+        "ml.g5.xlarge",
+    ]
     assert step["request"]["TrainingSpecification"]["SupportedHyperParameters"] == SPECS
 
 
 def test_no_script_mode_offers_nothing_that_runs_a_buyers_code(capsys, no_clients):
-    assert cli.main(["register", "--algorithm-name", "horovod-keras", "--image", IMAGE,
-                     "--no-script-mode", "--dry-run"], make_clients=no_clients) == 0
+    assert (
+        cli.main(
+            [
+                "register",
+                "--algorithm-name",
+                "horovod-keras",
+                "--image",
+                IMAGE,
+                "--no-script-mode",
+                "--dry-run",
+            ],
+            make_clients=no_clients,
+        )
+        == 0
+    )
     [step] = json.loads(capsys.readouterr().out)
     botocore_accepts("CreateAlgorithm", step["request"])
-    offered = [s["Name"] for s in step["request"]["TrainingSpecification"]
-               ["SupportedHyperParameters"]]
+    offered = [
+        s["Name"] for s in step["request"]["TrainingSpecification"]["SupportedHyperParameters"]
+    ]
     assert set(OWN_CODE) == {"program", "submit_directory", "mpi_options"}
     assert offered == [s["Name"] for s in SPECS if s["Name"] not in OWN_CODE]
     assert {"processes_per_host", "epochs", "learning_rate"} <= set(offered)

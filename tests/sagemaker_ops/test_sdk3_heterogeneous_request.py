@@ -15,19 +15,27 @@ from sagemaker_testing import IMAGE, ROLE, botocore_accepts
 
 from sagemaker_ops import schema
 
-GROUPS = [{"InstanceGroupName": "train", "InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2},
-          {"InstanceGroupName": "data", "InstanceType": "ml.c5.18xlarge", "InstanceCount": 4}]
+GROUPS = [
+    {"InstanceGroupName": "train", "InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2},
+    {"InstanceGroupName": "data", "InstanceType": "ml.c5.18xlarge", "InstanceCount": 4},
+]
 ALL_GROUPS = ["train", "data"]
 # SDK 3's constants.py: with source_code= the container runs the SDK's sm_train.sh.
-SM_TRAIN = ("chmod +x /opt/ml/input/data/sm_drivers/sm_train.sh "
-            "&& /opt/ml/input/data/sm_drivers/sm_train.sh")
+SM_TRAIN = (
+    "chmod +x /opt/ml/input/data/sm_drivers/sm_train.sh "
+    "&& /opt/ml/input/data/sm_drivers/sm_train.sh"
+)
 
 
 def channel(name: str, uri: str, groups: list[str] | None) -> dict:
     """A channel as ModelTrainer.create_input_data_channel makes it (S3Prefix,
     FullyReplicated, File); InstanceGroupNames only when given."""
-    source = {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated",
-              **({"InstanceGroupNames": groups} if groups is not None else {})}
+    source = {
+        "S3DataType": "S3Prefix",
+        "S3Uri": uri,
+        "S3DataDistributionType": "FullyReplicated",
+        **({"InstanceGroupNames": groups} if groups is not None else {}),
+    }
     return {"ChannelName": name, "DataSource": {"S3DataSource": source}, "InputMode": "File"}
 
 
@@ -38,29 +46,40 @@ def sdk3_request(train_groups: list[str] | None, sdk_groups: list[str] | None) -
     the user's `train` channel naming `train_groups`, the SDK's own naming `sdk_groups`."""
     prefix = "s3://my-bucket/job/job-2026-12-07-00-00-00-000/input"
     return {
-        "TrainingJobName": "job-2026-12-07-00-00-00-000", "RoleArn": ROLE,
-        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File",
-                                   "ContainerEntrypoint": ["/bin/bash"],
-                                   "ContainerArguments": ["-c", SM_TRAIN]},
+        "TrainingJobName": "job-2026-12-07-00-00-00-000",
+        "RoleArn": ROLE,
+        "AlgorithmSpecification": {
+            "TrainingImage": IMAGE,
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": ["/bin/bash"],
+            "ContainerArguments": ["-c", SM_TRAIN],
+        },
         "HyperParameters": {"sagemaker_distribution_instance_groups": "train"},
-        "InputDataConfig": [channel("train", "s3://my-bucket/digits/train/", train_groups),
-                            channel("code", f"{prefix}/code", sdk_groups),
-                            channel("sm_drivers", f"{prefix}/sm_drivers", sdk_groups)],
+        "InputDataConfig": [
+            channel("train", "s3://my-bucket/digits/train/", train_groups),
+            channel("code", f"{prefix}/code", sdk_groups),
+            channel("sm_drivers", f"{prefix}/sm_drivers", sdk_groups),
+        ],
         "OutputDataConfig": {"S3OutputPath": "s3://my-bucket/job"},
         "ResourceConfig": {"InstanceGroups": GROUPS, "VolumeSizeInGB": 30},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 86400}}
+        "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
+    }
 
 
 def instance_group_problem(request: dict) -> str | None:
     """The service's own refusal of channels that name instance groups, or None: all or none
     of them must, and only groups of the job's ResourceConfig."""
-    named = {c["ChannelName"]: c["DataSource"]["S3DataSource"].get("InstanceGroupNames")
-             for c in request["InputDataConfig"]}
+    named = {
+        c["ChannelName"]: c["DataSource"]["S3DataSource"].get("InstanceGroupNames")
+        for c in request["InputDataConfig"]
+    }
     assigned = [name for name, groups in named.items() if groups]
     others = [name for name, groups in named.items() if not groups]
     if assigned and others:
-        return (f"Some channels have assigned instance groups: [{', '.join(assigned)}] while "
-                f"others not: [{', '.join(others)}]")
+        return (
+            f"Some channels have assigned instance groups: [{', '.join(assigned)}] while "
+            f"others not: [{', '.join(others)}]"
+        )
     known = {group["InstanceGroupName"] for group in request["ResourceConfig"]["InstanceGroups"]}
     unknown = sorted({g for groups in named.values() for g in groups or ()} - known)
     return f"unknown instance groups: {unknown}" if unknown else None
@@ -88,13 +107,15 @@ def test_the_request_of_older_sdk3_releases_passes_the_schema_and_is_refused_by_
     request = sdk3_request(train_groups=["train"], sdk_groups=None)
     botocore_accepts("CreateTrainingJob", request)
     assert instance_group_problem(request) == (
-        "Some channels have assigned instance groups: [train] while others not: "
-        "[code, sm_drivers]")
+        "Some channels have assigned instance groups: [train] while others not: [code, sm_drivers]"
+    )
 
 
 def test_the_schema_bounds_the_instance_group_names_of_a_channel():
     """Five at most, which botocore's own validator does not check (the strict one does)."""
     groups = ["train", "data", "a", "b", "c", "d"]
     problems = schema.problems("CreateTrainingJob", sdk3_request(groups, groups))
-    assert "InputDataConfig[0].DataSource.S3DataSource.InstanceGroupNames: has 6 entries; at " \
-           "most 5 allowed" in problems, problems
+    assert (
+        "InputDataConfig[0].DataSource.S3DataSource.InstanceGroupNames: has 6 entries; at "
+        "most 5 allowed" in problems
+    ), problems

@@ -45,9 +45,13 @@ def intake_server(ml_root, tmp_path_factory) -> Server:
     """A real `serve` of one worker with INTAKE_THREADS request threads and an INTAKE_TIMEOUT_S
     request timeout, for the tests of what reaches its intake (slow clients, bad framing). One
     for the session: starting one takes 10 to 50 s on a busy 2-core machine."""
-    server = Server(ml_root, tmp_path_factory.mktemp("intake") / "serve.log",
-                    SAGEMAKER_MODEL_SERVER_WORKERS="1", SERVE_THREADS=str(INTAKE_THREADS),
-                    SAGEMAKER_MODEL_SERVER_TIMEOUT=str(INTAKE_TIMEOUT_S))
+    server = Server(
+        ml_root,
+        tmp_path_factory.mktemp("intake") / "serve.log",
+        SAGEMAKER_MODEL_SERVER_WORKERS="1",
+        SERVE_THREADS=str(INTAKE_THREADS),
+        SAGEMAKER_MODEL_SERVER_TIMEOUT=str(INTAKE_TIMEOUT_S),
+    )
     server.healthy()
     yield server
     server.stop()

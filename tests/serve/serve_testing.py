@@ -26,9 +26,17 @@ CLASSES = ["cat", "dog", "bird"]
 KERNEL = (np.arange(12, dtype=np.float32).reshape(4, 3) - 6) / 4
 BIAS = np.array([0.1, -0.2, 0.3], np.float32)
 INSTANCES = [[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-2.0, 0.25, 0.0, 3.0]]
-METADATA = {"format": "keras-savedmodel", "model_path": "model", "input_shape": list(INPUT_SHAPE),
-            "input_dtype": "float32", "task": "classification", "classes": CLASSES,
-            "output": "probabilities", "feature_count": 4, "trained_epochs": 3}
+METADATA = {
+    "format": "keras-savedmodel",
+    "model_path": "model",
+    "input_shape": list(INPUT_SHAPE),
+    "input_dtype": "float32",
+    "task": "classification",
+    "classes": CLASSES,
+    "output": "probabilities",
+    "feature_count": 4,
+    "trained_epochs": 3,
+}
 
 
 def expected_probabilities(instances) -> np.ndarray:
@@ -83,9 +91,12 @@ class Server:
         self.log = log
         with log.open("w") as stderr:
             self.process = subprocess.Popen(
-                [str(SERVE), "--ml-root", str(ml_root)], stdout=subprocess.DEVNULL,
-                stderr=stderr, start_new_session=True,
-                env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env})
+                [str(SERVE), "--ml-root", str(ml_root)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env},
+            )
 
     def answer(self, method: str, path: str, **kwargs) -> requests.Response | None:
         """The server's answer, or None while it does not accept connections yet."""
@@ -96,8 +107,10 @@ class Server:
             return None
 
     def healthy(self) -> None:
-        wait_for(lambda: getattr(self.answer("GET", "/ping"), "status_code", 0) == 200,
-                 f"/ping answering 200 (log: {self.log})")
+        wait_for(
+            lambda: getattr(self.answer("GET", "/ping"), "status_code", 0) == 200,
+            f"/ping answering 200 (log: {self.log})",
+        )
 
     def models_ready(self, workers: int) -> None:
         """Wait until each of `workers` workers has said, on /metrics, that its model is ready:

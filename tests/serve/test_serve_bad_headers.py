@@ -53,8 +53,11 @@ def send(server: Server, *packets: bytes):
 # (gunicorn answers a Content-Length it refuses with a 400 HTML page that names it).
 CASES = {
     "more digits than int() reads (4300)": (b"Content-Length: " + b"9" * 5000, 400, None),
-    "a length beyond any body": (b"Content-Length: " + b"9" * 30, 413,
-                                 "the request body is larger than 6 MB"),
+    "a length beyond any body": (
+        b"Content-Length: " + b"9" * 30,
+        413,
+        "the request body is larger than 6 MB",
+    ),
     "a negative length": (b"Content-Length: -7", 400, None),
     "a plus sign": (b"Content-Length: +7", 400, None),
     "Arabic-Indic digits": ("Content-Length: \u0661\u0662".encode(), 400, None),
@@ -78,12 +81,10 @@ def test_a_bad_length_is_answered_and_the_worker_lives_on(server, case, packets)
     if error:
         assert json.loads(outcome.body)["error"].startswith(error), outcome
     elif status == 400:
-        assert b"Invalid HTTP Header" in outcome.body and b"CONTENT-LENGTH" in outcome.body, \
-            outcome
+        assert b"Invalid HTTP Header" in outcome.body and b"CONTENT-LENGTH" in outcome.body, outcome
     assert worker_pid(server) == pid, "the worker was replaced"
     # A valid request in pieces needs the intake's watcher thread to hand it over.
-    split = send(server, HEAD + b"Connection: close\r\nContent-Len",
-                 b"gth: 7\r\n\r\n1,2", b",3,4")
+    split = send(server, HEAD + b"Connection: close\r\nContent-Len", b"gth: 7\r\n\r\n1,2", b",3,4")
     assert split.status == 200, split
     assert split.seconds < TIMEOUT_S, "a request in pieces was answered only at its deadline"
 
@@ -94,24 +95,44 @@ def test_a_bad_length_is_answered_and_the_worker_lives_on(server, case, packets)
 # request waits for its deadline.
 length_values = st.one_of(
     st.integers(0, 10**40).map(str),
-    st.text(st.sampled_from(list("0123456789+- \t,.xX\u0660\u0661\u00b2\u00bd\uff11")),
-            max_size=12),
-    st.integers(4250, 4400).map(lambda digits: "9" * digits))
-framing_lines = st.lists(st.one_of(
-    length_values.map(lambda value: "Content-Length: " + value),
-    st.sampled_from(["Transfer-Encoding: chunked", "Transfer-Encoding: gzip, chunked",
-                     "Transfer-Encoding: chunked, chunked", "Transfer-Encoding: ",
-                     "Expect: 100-continue", "Content-Type: application/json",
-                     "Content-Length:", "Content-Length :7", "content-length: 7"])),
-    max_size=4).map(lambda lines: "".join(line + "\r\n" for line in lines).encode())
-bodies = st.one_of(st.sampled_from([ROW, b"7\r\n1,2,3,4\r\n0\r\n\r\n", b""]),
-                   st.binary(max_size=64))
+    st.text(
+        st.sampled_from(list("0123456789+- \t,.xX\u0660\u0661\u00b2\u00bd\uff11")), max_size=12
+    ),
+    st.integers(4250, 4400).map(lambda digits: "9" * digits),
+)
+framing_lines = st.lists(
+    st.one_of(
+        length_values.map(lambda value: "Content-Length: " + value),
+        st.sampled_from(
+            [
+                "Transfer-Encoding: chunked",
+                "Transfer-Encoding: gzip, chunked",
+                "Transfer-Encoding: chunked, chunked",
+                "Transfer-Encoding: ",
+                "Expect: 100-continue",
+                "Content-Type: application/json",
+                "Content-Length:",
+                "Content-Length :7",
+                "content-length: 7",
+            ]
+        ),
+    ),
+    max_size=4,
+).map(lambda lines: "".join(line + "\r\n" for line in lines).encode())
+bodies = st.one_of(
+    st.sampled_from([ROW, b"7\r\n1,2,3,4\r\n0\r\n\r\n", b""]), st.binary(max_size=64)
+)
 # gunicorn answers 501 to a transfer coding it does not implement, as RFC 9112 asks.
 UNIMPLEMENTED = b"Transfer-Encoding"
 
 
-@fuzz("serve request framing", max_examples=150, lines=framing_lines, body=bodies,
-      split=st.integers(0, 10**4))
+@fuzz(
+    "serve request framing",
+    max_examples=150,
+    lines=framing_lines,
+    body=bodies,
+    split=st.integers(0, 10**4),
+)
 def test_any_framing_is_answered_without_a_server_error(server, lines, body, split):
     request = HEAD + b"Connection: close\r\n" + lines + b"\r\n" + body
     cut = split % (len(request) + 1)
@@ -123,8 +144,11 @@ def test_any_framing_is_answered_without_a_server_error(server, lines, body, spl
     sock.sendall(request[cut:])
     sock.shutdown(socket.SHUT_WR)
     [outcome] = await_outcomes([(sock, started)], limit_s=TIMEOUT_S)
-    statuses = [int(line.split()[1]) for line in outcome.answer.split(b"\r\n")
-                if line.startswith(b"HTTP/1.1 ")]
+    statuses = [
+        int(line.split()[1])
+        for line in outcome.answer.split(b"\r\n")
+        if line.startswith(b"HTTP/1.1 ")
+    ]
     assert statuses, outcome  # the head is whole: something answers it
     for status in statuses:
         assert status < 500 or (status == 501 and UNIMPLEMENTED in lines), outcome

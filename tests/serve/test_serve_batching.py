@@ -57,14 +57,20 @@ def rows(*values: float) -> np.ndarray:
 
 def wait_until_queued(batcher: MicroBatcher, count: int) -> None:
     """Until `count` requests wait in the batcher's queue (0: the batcher took them all)."""
-    eventually(lambda: len(batcher._queue) == count, f"the queue never held {count} requests",
-               30, every=0.001)
+    eventually(
+        lambda: len(batcher._queue) == count,
+        f"the queue never held {count} requests",
+        30,
+        every=0.001,
+    )
 
 
-def run_held(batcher: MicroBatcher, model: HeldModel, first: np.ndarray,
-             then: list[np.ndarray]) -> list:
+def run_held(
+    batcher: MicroBatcher, model: HeldModel, first: np.ndarray, then: list[np.ndarray]
+) -> list:
     """Submit `first`, then queue `then` while the model holds `first`'s call; return the
     answers (arrays, or exceptions) in submission order."""
+
     def submit(batch):
         try:
             return batcher.submit(batch, in_s(30))

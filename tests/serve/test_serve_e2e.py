@@ -33,9 +33,19 @@ ROOT = Path(__file__).resolve().parents[2]
 def trained(tmp_path_factory) -> Path:
     """An ml_root holding the model and data of the real default training job."""
     root = tmp_path_factory.mktemp("trained")
-    job = subprocess.run([sys.executable, str(ROOT / "scripts" / "default_job.py"),
-                          "--ml-root", str(root), "--epochs", "2"], capture_output=True,
-                         text=True, timeout=900)
+    job = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "default_job.py"),
+            "--ml-root",
+            str(root),
+            "--epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if job.returncode != 0:
         pytest.fail(f"the default training job failed:\n{(job.stdout + job.stderr)[-3000:]}")
     return root
@@ -90,13 +100,23 @@ def server(gated) -> Server:
 
 def test_ping_is_503_until_the_model_is_loaded_then_200(gated):
     first = wait_for(lambda: gated.answer("GET", "/ping"), "the server accepting connections")
-    assert (first.status_code, first.json()) == (503, {
-        "error": "the model is still loading; retry when GET /ping answers 200"})
+    assert (first.status_code, first.json()) == (
+        503,
+        {"error": "the model is still loading; retry when GET /ping answers 200"},
+    )
     # A request that reaches a worker still loading waits for its model instead of failing
     # (with several workers, /ping may already answer 200 from another one).
     early = []
-    sender = threading.Thread(target=lambda: early.append(gated.answer(
-        "POST", "/invocations", data=",".join(["0"] * 64), headers={"Content-Type": "text/csv"})))
+    sender = threading.Thread(
+        target=lambda: early.append(
+            gated.answer(
+                "POST",
+                "/invocations",
+                data=",".join(["0"] * 64),
+                headers={"Content-Type": "text/csv"},
+            )
+        )
+    )
     sender.start()
     sender.join(timeout=2)
     assert sender.is_alive() and not early, "the request was answered before the model loaded"
@@ -116,8 +136,9 @@ def npy(array: np.ndarray) -> bytes:
 def test_every_format_gives_the_trained_models_answers(server, digits):
     labels, pixels = digits
     csv_body = "\n".join(",".join(f"{v:g}" for v in row) for row in pixels)
-    answer = server.answer("POST", "/invocations", data=csv_body,
-                           headers={"Content-Type": "text/csv"})
+    answer = server.answer(
+        "POST", "/invocations", data=csv_body, headers={"Content-Type": "text/csv"}
+    )
     assert answer.status_code == 200, answer.text
     predictions = answer.json()["predictions"]
     classes = np.array([p["class"] for p in predictions])
@@ -132,8 +153,12 @@ def test_every_format_gives_the_trained_models_answers(server, digits):
     }
     for content_type, body in others.items():
         for accept in ("application/x-npy", "text/csv"):
-            other = server.answer("POST", "/invocations", data=body,
-                                  headers={"Content-Type": content_type, "Accept": accept})
+            other = server.answer(
+                "POST",
+                "/invocations",
+                data=body,
+                headers={"Content-Type": content_type, "Accept": accept},
+            )
             assert other.status_code == 200, (content_type, other.text)
             if accept == "text/csv":
                 table = np.loadtxt(other.text.splitlines(), delimiter=",")
@@ -144,8 +169,9 @@ def test_every_format_gives_the_trained_models_answers(server, digits):
             np.testing.assert_allclose(other_probabilities, probabilities, atol=1e-5)
 
 
-def test_the_exported_savedmodel_runs_without_keras_and_matches_the_server(server, trained,
-                                                                          digits, tmp_path):
+def test_the_exported_savedmodel_runs_without_keras_and_matches_the_server(
+    server, trained, digits, tmp_path
+):
     """What TensorFlow Serving or any SavedModel consumer sees: a serving_default signature
     with a named input of any batch size, in TF Serving's <name>/<version> layout."""
     from tests.portable import call_savedmodel
@@ -155,15 +181,22 @@ def test_the_exported_savedmodel_runs_without_keras_and_matches_the_server(serve
     called = call_savedmodel(trained / "model" / "model" / "1", rows, tmp_path)
     assert called["input"] == ["inputs", [None, 64], "float32"]
     served = server.answer("POST", "/invocations", json={"instances": rows.tolist()}).json()
-    np.testing.assert_allclose(called["outputs"]["outputs"],
-                               [p["probabilities"] for p in served["predictions"]], atol=1e-6)
+    np.testing.assert_allclose(
+        called["outputs"]["outputs"], [p["probabilities"] for p in served["predictions"]], atol=1e-6
+    )
 
 
 def test_concurrent_clients_get_their_own_answers_from_shared_model_calls(server, digits):
     _, pixels = digits
     rows = pixels[:96]
-    reference = np.array([p["probabilities"] for p in server.answer(
-        "POST", "/invocations", json={"instances": rows.tolist()}).json()["predictions"]])
+    reference = np.array(
+        [
+            p["probabilities"]
+            for p in server.answer(
+                "POST", "/invocations", json={"instances": rows.tolist()}
+            ).json()["predictions"]
+        ]
+    )
     before = server.answer("GET", "/metrics").json()
     clients, rounds = 16, 6
     start = threading.Barrier(clients)
@@ -174,9 +207,12 @@ def test_concurrent_clients_get_their_own_answers_from_shared_model_calls(server
         start.wait()
         for round_ in range(rounds):
             row = (index * rounds + round_) % len(rows)
-            answer = session.post(server.url + "/invocations", timeout=60,
-                                  data=",".join(f"{v:g}" for v in rows[row]),
-                                  headers={"Content-Type": "text/csv"})
+            answer = session.post(
+                server.url + "/invocations",
+                timeout=60,
+                data=",".join(f"{v:g}" for v in rows[row]),
+                headers={"Content-Type": "text/csv"},
+            )
             [prediction] = answer.json()["predictions"]
             if not np.allclose(prediction["probabilities"], reference[row], atol=1e-5):
                 failures.append(f"client {index} row {row}: {prediction}")
@@ -197,14 +233,21 @@ def test_concurrent_clients_get_their_own_answers_from_shared_model_calls(server
 header_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(method=st.sampled_from(["POST", "GET", "PUT", "HEAD", "OPTIONS"]),
-       path=st.sampled_from(["/invocations", "/ping", "/execution-parameters", "/%zz", "/"]),
-       headers=st.dictionaries(st.sampled_from(["Content-Type", "Accept", "X-Amzn-SageMaker-"
-                                                "Custom-Attributes", "Content-Encoding"]),
-                               header_values, max_size=4),
-       body=st.binary(max_size=200) | st.just(b"1,2,3\n"))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    method=st.sampled_from(["POST", "GET", "PUT", "HEAD", "OPTIONS"]),
+    path=st.sampled_from(["/invocations", "/ping", "/execution-parameters", "/%zz", "/"]),
+    headers=st.dictionaries(
+        st.sampled_from(
+            ["Content-Type", "Accept", "X-Amzn-SageMaker-Custom-Attributes", "Content-Encoding"]
+        ),
+        header_values,
+        max_size=4,
+    ),
+    body=st.binary(max_size=200) | st.just(b"1,2,3\n"),
+)
 def test_fuzzed_http_requests_never_make_the_server_fail(server, method, path, headers, body):
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
@@ -218,9 +261,16 @@ def test_fuzzed_http_requests_never_make_the_server_fail(server, method, path, h
 
 def test_execution_parameters_match_what_is_accepted(server):
     assert server.answer("GET", "/execution-parameters").json() == {
-        "MaxConcurrentTransforms": 8, "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
-    too_big = server.answer("POST", "/invocations", data=b"1" * (6 * 1024 * 1024 + 1),
-                            headers={"Content-Type": "text/csv"})
+        "MaxConcurrentTransforms": 8,
+        "BatchStrategy": "MULTI_RECORD",
+        "MaxPayloadInMB": 6,
+    }
+    too_big = server.answer(
+        "POST",
+        "/invocations",
+        data=b"1" * (6 * 1024 * 1024 + 1),
+        headers={"Content-Type": "text/csv"},
+    )
     assert too_big.status_code == 413
 
 
@@ -234,14 +284,17 @@ def test_sigterm_stops_the_server_gracefully(server):
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     requests_logged = [line for line in lines if line["message"] == "request"]
     assert ("POST", "/invocations", 413) in {
-        (line["method"], line["path"], line["status"]) for line in requests_logged}
-    assert all(line["status"] >= 400 and isinstance(line["latency_ms"], float)
-               for line in requests_logged), "a successful request was logged"
+        (line["method"], line["path"], line["status"]) for line in requests_logged
+    }
+    assert all(
+        line["status"] >= 400 and isinstance(line["latency_ms"], float) for line in requests_logged
+    ), "a successful request was logged"
 
 
 def test_a_missing_model_is_reported_and_the_server_stays_up(tmp_path):
     server = Server(tmp_path, tmp_path / "serve.log")
     try:
+
         def failed() -> requests.Response | None:
             answer = server.answer("GET", "/ping")
             return answer if answer is not None and "failed" in answer.json()["error"] else None
@@ -250,9 +303,9 @@ def test_a_missing_model_is_reported_and_the_server_stays_up(tmp_path):
         assert answer.status_code == 503
         assert answer.json()["error"] == (
             f"the model failed to load: no model to serve: {tmp_path}/model does not exist; "
-            "SageMaker unpacks the model artifact (model.tar.gz) there")
+            "SageMaker unpacks the model artifact (model.tar.gz) there"
+        )
         assert server.answer("GET", "/ping").status_code == 503  # still up, still saying why
         assert "the model cannot be served, /ping stays 503" in server.log.read_text()
     finally:
         assert server.stop() == 0
-

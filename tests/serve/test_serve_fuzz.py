@@ -9,28 +9,34 @@ import json
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from serve import codecs
 from serve_testing import INSTANCES
 
+from serve import codecs
 from tests.fuzzing import fuzz
 
 MEDIA_TYPES = ["application/json", "text/csv", "application/jsonlines", "application/x-npy"]
 
-numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True,
-                                                           allow_infinity=True))
+numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True))
 json_values = st.recursive(
     st.one_of(numbers, st.none(), st.booleans(), st.text(max_size=5)),
-    lambda children: st.one_of(st.lists(children, max_size=6),
-                               st.dictionaries(st.sampled_from(["instances", "inputs", "x"]),
-                                               children, max_size=2)),
-    max_leaves=40)
+    lambda children: st.one_of(
+        st.lists(children, max_size=6),
+        st.dictionaries(st.sampled_from(["instances", "inputs", "x"]), children, max_size=2),
+    ),
+    max_leaves=40,
+)
 
 
-near_instances = st.lists(st.one_of(
-    st.lists(numbers, min_size=3, max_size=5),
-    st.lists(st.lists(numbers, min_size=1, max_size=3), min_size=1, max_size=3)), max_size=4)
-json_documents = st.one_of(json_values, near_instances,
-                           near_instances.map(lambda rows: {"instances": rows}))
+near_instances = st.lists(
+    st.one_of(
+        st.lists(numbers, min_size=3, max_size=5),
+        st.lists(st.lists(numbers, min_size=1, max_size=3), min_size=1, max_size=3),
+    ),
+    max_size=4,
+)
+json_documents = st.one_of(
+    json_values, near_instances, near_instances.map(lambda rows: {"instances": rows})
+)
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
@@ -40,13 +46,17 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 npy_bodies = st.one_of(
-    hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=4, max_side=5))
-    .map(npy_bytes),
+    hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)).map(
+        npy_bytes
+    ),
     # a valid .npy whose bytes are then cut short or extended
     st.tuples(hnp.arrays(np.float32, (2, 4)).map(npy_bytes), st.integers(-40, 40)).map(
-        lambda pair: pair[0][:pair[1]] if pair[1] < 0 else pair[0] + bytes(pair[1])))
-csv_bodies = st.lists(st.lists(st.one_of(numbers.map(str), st.text(max_size=3)), max_size=6),
-                      max_size=5).map(lambda rows: "\n".join(",".join(r) for r in rows).encode())
+        lambda pair: pair[0][: pair[1]] if pair[1] < 0 else pair[0] + bytes(pair[1])
+    ),
+)
+csv_bodies = st.lists(
+    st.lists(st.one_of(numbers.map(str), st.text(max_size=3)), max_size=6), max_size=5
+).map(lambda rows: "\n".join(",".join(r) for r in rows).encode())
 raw_bodies = st.one_of(st.binary(max_size=300), st.text(max_size=200).map(str.encode))
 
 # (content type, body): mostly a body of the type it claims to be, so that the fuzzing
@@ -55,20 +65,28 @@ typed_bodies = st.one_of(
     st.tuples(st.just("application/x-npy"), npy_bodies),
     st.tuples(st.just("text/csv"), csv_bodies),
     st.tuples(st.just("application/json"), json_documents.map(lambda v: json.dumps(v).encode())),
-    st.tuples(st.just("application/jsonlines"), st.lists(json_documents, max_size=4).map(
-        lambda values: "\n".join(json.dumps(v) for v in values).encode())),
-    st.tuples(st.sampled_from(MEDIA_TYPES), raw_bodies | npy_bodies | csv_bodies))
+    st.tuples(
+        st.just("application/jsonlines"),
+        st.lists(json_documents, max_size=4).map(
+            lambda values: "\n".join(json.dumps(v) for v in values).encode()
+        ),
+    ),
+    st.tuples(st.sampled_from(MEDIA_TYPES), raw_bodies | npy_bodies | csv_bodies),
+)
 
 header_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=60)
 content_types = st.one_of(
     st.sampled_from(MEDIA_TYPES + ["", "text/plain", "application/octet-stream"]),
     st.tuples(st.sampled_from(MEDIA_TYPES), header_text).map(lambda p: f"{p[0]}; {p[1]}"),
-    st.tuples(st.sampled_from(MEDIA_TYPES), st.sampled_from(
-        ["utf-8", "UTF-16", "latin-1", "ascii", "klingon", ""])).map(
-        lambda p: f"{p[0]}; charset={p[1]}"),
-    header_text)
-accepts = st.one_of(st.none(), st.sampled_from(MEDIA_TYPES + ["*/*", "text/*", "image/png"]),
-                    header_text)
+    st.tuples(
+        st.sampled_from(MEDIA_TYPES),
+        st.sampled_from(["utf-8", "UTF-16", "latin-1", "ascii", "klingon", ""]),
+    ).map(lambda p: f"{p[0]}; charset={p[1]}"),
+    header_text,
+)
+accepts = st.one_of(
+    st.none(), st.sampled_from(MEDIA_TYPES + ["*/*", "text/*", "image/png"]), header_text
+)
 
 
 def assert_clean_answer(response) -> None:
@@ -78,8 +96,12 @@ def assert_clean_answer(response) -> None:
         assert response.get_json()["error"]
 
 
-@fuzz("serve request bodies", max_examples=300, typed_body=typed_bodies,
-      accept=st.sampled_from([None, *MEDIA_TYPES]))
+@fuzz(
+    "serve request bodies",
+    max_examples=300,
+    typed_body=typed_bodies,
+    accept=st.sampled_from([None, *MEDIA_TYPES]),
+)
 def test_no_body_makes_the_server_fail(client, typed_body, accept):
     content_type, body = typed_body
     headers = {"Content-Type": content_type, **({"Accept": accept} if accept else {})}
@@ -89,10 +111,15 @@ def test_no_body_makes_the_server_fail(client, typed_body, accept):
 VALID_BODIES = [json.dumps(INSTANCES).encode(), b"1,2,3,4\n5,6,7,8\n", b"[1, 2, 3, 4]\n"]
 
 
-@fuzz("serve request headers", max_examples=300, content_type=content_types, accept=accepts,
-      body=st.sampled_from(VALID_BODIES) | raw_bodies,
-      method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
-      path=st.sampled_from(["/invocations"] * 3 + ["/ping", "/execution-parameters", "/x"]))
+@fuzz(
+    "serve request headers",
+    max_examples=300,
+    content_type=content_types,
+    accept=accepts,
+    body=st.sampled_from(VALID_BODIES) | raw_bodies,
+    method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
+    path=st.sampled_from(["/invocations"] * 3 + ["/ping", "/execution-parameters", "/x"]),
+)
 def test_no_headers_make_the_server_fail(client, content_type, accept, body, method, path):
     headers = {"Content-Type": content_type, **({"Accept": accept} if accept is not None else {})}
     assert_clean_answer(client.open(path, method=method, data=body, headers=headers))
@@ -121,11 +148,35 @@ csv_texts = st.one_of(
     csv_bodies.map(bytes.decode),
     # the characters at the edges of both parsers: blanks, line breaks numpy does not split
     # on, underscores and non-ASCII digits Python's float accepts, comment and quote marks
-    st.text(st.sampled_from(list("0123456789.,eE+-_ \tnaifINFty\n\r\x0b\x0c\u2028#\"\u0661x")),
-            max_size=30),
-    st.lists(st.lists(st.sampled_from(["1", " 2 ", "1_0", "\u0661", "nan", "-inf", "1e400", "",
-                                       "1e-400", "3.", ".5", "0x1"]), min_size=1, max_size=4),
-             min_size=1, max_size=4).map(lambda rows: "\n".join(",".join(r) for r in rows)))
+    st.text(
+        st.sampled_from(list('0123456789.,eE+-_ \tnaifINFty\n\r\x0b\x0c\u2028#"\u0661x')),
+        max_size=30,
+    ),
+    st.lists(
+        st.lists(
+            st.sampled_from(
+                [
+                    "1",
+                    " 2 ",
+                    "1_0",
+                    "\u0661",
+                    "nan",
+                    "-inf",
+                    "1e400",
+                    "",
+                    "1e-400",
+                    "3.",
+                    ".5",
+                    "0x1",
+                ]
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=4,
+    ).map(lambda rows: "\n".join(",".join(r) for r in rows)),
+)
 
 
 @fuzz("serve CSV decoder", max_examples=2000, text=csv_texts)

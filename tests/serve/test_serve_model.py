@@ -12,15 +12,13 @@ import numpy as np
 import pytest
 from serve_testing import INSTANCES, METADATA, app_for, expected_probabilities
 
+from job.metadata import ModelLoadError, ModelMetadata
 from serve.config import ServeConfig
-from job.metadata import ModelLoadError
-from job.metadata import ModelMetadata
 from serve.model import Model, _flat_call
 
 
 def with_metadata(model_dir, **changes) -> None:
-    document = {key: value for key, value in {**METADATA, **changes}.items()
-                if value is not None}
+    document = {key: value for key, value in {**METADATA, **changes}.items() if value is not None}
     (model_dir / "metadata.json").write_text(json.dumps(document))
 
 
@@ -34,19 +32,36 @@ def model_dir(ml_root, tmp_path):
     return directory
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"format": "onnx"}, "metadata.json: format 'onnx' is not supported; expected "
-                         "'keras-savedmodel'"),
-    ({"input_shape": []}, "metadata.json: input_shape must be a non-empty list of positive "
-                          "integers (one instance, no batch dimension), got []"),
-    ({"input_shape": [8, 0]}, "metadata.json: input_shape must be a non-empty list of positive "
-                              "integers (one instance, no batch dimension), got [8, 0]"),
-    ({"classes": []}, 'metadata.json: a classification model needs "classes", the non-empty '
-                      "list of labels in output order, got []"),
-    ({"output": "logits"}, "metadata.json: output 'logits' is not supported for a classifier; "
-                           'expected "probabilities"'),
-    ({"model_path": 7}, "metadata.json: model_path must be a path relative to {dir}, got 7"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"format": "onnx"},
+            "metadata.json: format 'onnx' is not supported; expected 'keras-savedmodel'",
+        ),
+        (
+            {"input_shape": []},
+            "metadata.json: input_shape must be a non-empty list of positive "
+            "integers (one instance, no batch dimension), got []",
+        ),
+        (
+            {"input_shape": [8, 0]},
+            "metadata.json: input_shape must be a non-empty list of positive "
+            "integers (one instance, no batch dimension), got [8, 0]",
+        ),
+        (
+            {"classes": []},
+            'metadata.json: a classification model needs "classes", the non-empty '
+            "list of labels in output order, got []",
+        ),
+        (
+            {"output": "logits"},
+            "metadata.json: output 'logits' is not supported for a classifier; "
+            'expected "probabilities"',
+        ),
+        ({"model_path": 7}, "metadata.json: model_path must be a path relative to {dir}, got 7"),
+    ],
+)
 def test_bad_metadata_says_which_key_is_wrong(model_dir, changes, message):
     with_metadata(model_dir, **changes)
     with pytest.raises(ModelLoadError) as error:
@@ -65,12 +80,18 @@ def test_unknown_metadata_keys_are_ignored(model_dir):
     assert ModelMetadata.read(model_dir).input_shape == (2, 2)
 
 
-@pytest.mark.parametrize("setup, message", [
-    ("missing", "the SavedModel directory {dir}/elsewhere named by metadata.json model_path "
-                "does not exist"),
-    ("empty", "{dir}/empty is not a loadable SavedModel: "),
-    ("classes", "the model outputs shape [3] per instance, but metadata.json lists 4 classes"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (
+            "missing",
+            "the SavedModel directory {dir}/elsewhere named by metadata.json model_path "
+            "does not exist",
+        ),
+        ("empty", "{dir}/empty is not a loadable SavedModel: "),
+        ("classes", "the model outputs shape [3] per instance, but metadata.json lists 4 classes"),
+    ],
+)
 def test_an_unservable_model_fails_to_load_with_the_reason(model_dir, setup, message):
     if setup == "missing":
         with_metadata(model_dir, model_path="elsewhere")
@@ -101,8 +122,12 @@ print("tensorflow" in sys.modules)
 
 def test_metadata_problems_are_found_before_tensorflow_is_imported(tmp_path):
     """A missing model is reported at once, and the app's modules never import TensorFlow."""
-    output = subprocess.run([sys.executable, "-c", CHECK_IMPORTS, str(tmp_path)],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
+    output = subprocess.run(
+        [sys.executable, "-c", CHECK_IMPORTS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert output[0].startswith("no model to serve:")
     assert output[1] == "False"
 
@@ -116,16 +141,24 @@ def test_a_model_that_is_not_a_classifier_returns_its_outputs(model_dir):
     body = json.dumps(INSTANCES)
     answer = client.post("/invocations", data=body, content_type="application/json")
     np.testing.assert_allclose(answer.get_json()["predictions"], expected, rtol=1e-5)
-    answer = client.post("/invocations", data=body, content_type="application/json",
-                         headers={"Accept": "text/csv"})
-    np.testing.assert_allclose(np.loadtxt(answer.get_data(as_text=True).splitlines(),
-                                          delimiter=",", ndmin=2), expected, rtol=1e-5)
+    answer = client.post(
+        "/invocations", data=body, content_type="application/json", headers={"Accept": "text/csv"}
+    )
+    np.testing.assert_allclose(
+        np.loadtxt(answer.get_data(as_text=True).splitlines(), delimiter=",", ndmin=2),
+        expected,
+        rtol=1e-5,
+    )
 
 
 def test_metadata_written_is_read_back_unchanged(tmp_path):
     """The one ModelMetadata: what the exporter writes is what the server reads."""
-    written = ModelMetadata(model_path="model/1", input_shape=(8, 8, 1), classes=("a", 2),
-                            info={"final_metrics": {"accuracy": 0.5}, "tensorflow": "2.15.1"})
+    written = ModelMetadata(
+        model_path="model/1",
+        input_shape=(8, 8, 1),
+        classes=("a", 2),
+        info={"final_metrics": {"accuracy": 0.5}, "tensorflow": "2.15.1"},
+    )
     written.write(tmp_path)
     assert ModelMetadata.read(tmp_path) == written
     regressor = ModelMetadata(classes=None)
@@ -134,8 +167,7 @@ def test_metadata_written_is_read_back_unchanged(tmp_path):
     assert ModelMetadata.read(tmp_path / "nowhere") is None
 
 
-def test_the_model_is_called_through_its_flat_function_and_its_objects_frozen(model_dir,
-                                                                              caplog):
+def test_the_model_is_called_through_its_flat_function_and_its_objects_frozen(model_dir, caplog):
     """With the pinned TensorFlow the flat call answers as the signature does (no warning),
     and TensorFlow's objects leave the collector's full passes once the model is loaded."""
     gc.unfreeze()
@@ -145,8 +177,7 @@ def test_the_model_is_called_through_its_flat_function_and_its_objects_frozen(mo
     assert not caplog.records, caplog.text
     assert gc.get_freeze_count() > 100_000
     batch = np.array(INSTANCES, np.float32).reshape(-1, 2, 2)
-    np.testing.assert_allclose(model.predict(batch), expected_probabilities(INSTANCES),
-                               rtol=1e-5)
+    np.testing.assert_allclose(model.predict(batch), expected_probabilities(INSTANCES), rtol=1e-5)
 
 
 class _Skewed:
@@ -167,7 +198,8 @@ def test_a_flat_function_that_answers_differently_is_not_used(loaded_model, capl
     import tensorflow as tf
 
     signature = tf.saved_model.load(str(loaded_model.model_dir / "model")).signatures[
-        "serving_default"]
+        "serving_default"
+    ]
     with caplog.at_level(logging.WARNING, logger="serve.model"):
         assert _flat_call(_Skewed(signature), loaded_model.interface.inputs) is None
     assert "answers differently; using the public call" in caplog.text

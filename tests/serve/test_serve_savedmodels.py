@@ -12,11 +12,11 @@ import zipfile
 
 import numpy as np
 import pytest
-
-from serve.config import ServeConfig
-from job.metadata import ModelLoadError
-from serve.model import Model
 from serve_testing import app_for
+
+from job.metadata import ModelLoadError
+from serve.config import ServeConfig
+from serve.model import Model
 
 KERNEL = np.array([[1.0, -1.0], [0.5, 2.0], [-2.0, 0.25]], np.float32)
 ROWS = [[1.0, 2.0, 3.0], [0.0, -1.0, 0.5]]
@@ -67,9 +67,11 @@ def serve(model_dir):
 
 
 def post(client, body, content_type="application/json", accept="application/json"):
-    answer = client.post("/invocations", data=body if isinstance(body, (str, bytes))
-                         else json.dumps(body), headers={"Content-Type": content_type,
-                                                         "Accept": accept})
+    answer = client.post(
+        "/invocations",
+        data=body if isinstance(body, (str, bytes)) else json.dumps(body),
+        headers={"Content-Type": content_type, "Accept": accept},
+    )
     return answer.status_code, answer.get_data(as_text=True)
 
 
@@ -80,8 +82,12 @@ def expected(scale=1.0):
 @pytest.mark.parametrize("layout", ["model_dir", "version", "name/version", "name"])
 def test_a_plain_model_save_in_any_layout_without_metadata(tf, tmp_path, layout):
     model_dir = tmp_path / "model"
-    target = {"model_dir": model_dir, "version": model_dir / "3",
-              "name/version": model_dir / "my-model" / "7", "name": model_dir / "my-model"}
+    target = {
+        "model_dir": model_dir,
+        "version": model_dir / "3",
+        "name/version": model_dir / "my-model" / "7",
+        "name": model_dir / "my-model",
+    }
     linear(tf).save(str(target[layout]))
     status, body = post(serve(model_dir), {"instances": ROWS})
     assert status == 200, body
@@ -105,26 +111,31 @@ def test_a_keras_savedmodel_without_a_signature(tf, tmp_path):
     client = serve(model_dir)
     status, body = post(client, "1,2,3\n0,-1,0.5", "text/csv", "text/csv")
     assert status == 200, body
-    np.testing.assert_allclose(np.loadtxt(body.splitlines(), delimiter=",", ndmin=2),
-                               expected(), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.loadtxt(body.splitlines(), delimiter=",", ndmin=2), expected(), rtol=1e-6
+    )
 
 
 def test_metadata_classes_make_a_classifier_answer(tf, tmp_path):
     model_dir = tmp_path / "model"
     linear(tf).save(str(model_dir / "model" / "1"))
-    (model_dir / "metadata.json").write_text(json.dumps(
-        {"model_path": "model", "classes": ["left", "right"]}))
+    (model_dir / "metadata.json").write_text(
+        json.dumps({"model_path": "model", "classes": ["left", "right"]})
+    )
     status, body = post(serve(model_dir), {"instances": ROWS})
-    assert [p["class"] for p in json.loads(body)["predictions"]] == \
-        [["left", "right"][i] for i in expected().argmax(axis=1)]
+    assert [p["class"] for p in json.loads(body)["predictions"]] == [
+        ["left", "right"][i] for i in expected().argmax(axis=1)
+    ]
 
 
 def test_several_models_are_refused_naming_them(tf, tmp_path):
     model_dir = tmp_path / "model"
     for name in ("first", "second"):
         linear(tf).save(str(model_dir / name / "1"))
-    with pytest.raises(ModelLoadError, match="holds several models \\(first, second\\); keep "
-                                             "one, or add a metadata.json"):
+    with pytest.raises(
+        ModelLoadError,
+        match="holds several models \\(first, second\\); keep one, or add a metadata.json",
+    ):
         Model(model_dir).load()
 
 
@@ -140,8 +151,9 @@ def test_a_script_s_keras_file_is_served_alone_or_named_by_metadata(tf, tmp_path
     linear(tf).save(str(model_dir / "other.keras"))
     with pytest.raises(ModelLoadError, match=r"several models \(digits.keras, other.keras\)"):
         Model(model_dir).load()
-    (model_dir / "metadata.json").write_text(json.dumps({"model_path": "other.keras",
-                                                          "task": "regression"}))
+    (model_dir / "metadata.json").write_text(
+        json.dumps({"model_path": "other.keras", "task": "regression"})
+    )
     status, body = post(serve(model_dir), {"instances": ROWS})
     np.testing.assert_allclose(json.loads(body)["predictions"], expected(), rtol=1e-6)
 
@@ -155,9 +167,12 @@ def test_a_keras_file_this_image_cannot_read_says_why(tmp_path):
     with zipfile.ZipFile(model_dir / "model.keras", "w") as archive:  # as Keras 3 writes it
         archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.1"}))
         archive.writestr("config.json", "{}")
-    with pytest.raises(ModelLoadError, match="saved by Keras 3.15.1, which this image's Keras "
-                                             "2.15.0 cannot read; serve it with the TensorFlow "
-                                             "2.21 image"):
+    with pytest.raises(
+        ModelLoadError,
+        match="saved by Keras 3.15.1, which this image's Keras "
+        "2.15.0 cannot read; serve it with the TensorFlow "
+        "2.21 image",
+    ):
         Model(model_dir).load()
 
 
@@ -181,42 +196,82 @@ B = [[1.0, 0.0, -1.0], [0.5, 0.5, 0.5]]
 def test_named_inputs_in_the_row_format(multi):
     status, body = post(multi, {"instances": [{"a": a, "b": b} for a, b in zip(A, B)]})
     assert status == 200, body
-    assert json.loads(body) == {"predictions": [
-        {"b_scaled": [2.0, 0.0, -2.0], "total": [3.0]},
-        {"b_scaled": [1.0, 1.0, 1.0], "total": [8.5]}]}
+    assert json.loads(body) == {
+        "predictions": [
+            {"b_scaled": [2.0, 0.0, -2.0], "total": [3.0]},
+            {"b_scaled": [1.0, 1.0, 1.0], "total": [8.5]},
+        ]
+    }
 
 
 def test_named_inputs_in_json_lines(multi):
     body = "\n".join(json.dumps({"a": a, "b": b}) for a, b in zip(A, B))
     status, answer = post(multi, body, "application/jsonlines", "application/jsonlines")
-    assert (status, answer) == (200, '{"b_scaled": [2.0, 0.0, -2.0], "total": [3.0]}\n'
-                                     '{"b_scaled": [1.0, 1.0, 1.0], "total": [8.5]}')
+    assert (status, answer) == (
+        200,
+        '{"b_scaled": [2.0, 0.0, -2.0], "total": [3.0]}\n'
+        '{"b_scaled": [1.0, 1.0, 1.0], "total": [8.5]}',
+    )
 
 
 def test_named_inputs_in_the_columnar_format(multi):
     status, body = post(multi, {"inputs": {"a": A, "b": B}, "signature_name": "serving_default"})
     assert status == 200, body
-    assert json.loads(body) == {"outputs": {"b_scaled": [[2.0, 0.0, -2.0], [1.0, 1.0, 1.0]],
-                                            "total": [[3.0], [8.5]]}}
+    assert json.loads(body) == {
+        "outputs": {"b_scaled": [[2.0, 0.0, -2.0], [1.0, 1.0, 1.0]], "total": [[3.0], [8.5]]}
+    }
 
 
-@pytest.mark.parametrize("body, content_type, accept, status, message", [
-    ({"inputs": {"a": A}}, "application/json", "application/json", 400,
-     "the model's inputs are a, b; missing: b"),
-    ({"inputs": {"a": A, "b": B[:1]}}, "application/json", "application/json", 400,
-     "every named input needs the same number of instances, got a: 2, b: 1"),
-    ({"instances": [{"a": A[0], "b": B[0]}, {"a": A[1]}]}, "application/json",
-     "application/json", 400, "instance 1 does not name the same inputs as instance 0 (a, b)"),
-    ({"inputs": {"a": A, "b": [[1, 2], [3, 4]]}}, "application/json", "application/json", 400,
-     "input 'b': each instance has shape [2], but the model expects [3]"),
-    ("1,2,3,4,5", "text/csv", "application/json", 400, "the model has 2 inputs (a, b): send "
-                                                       "named inputs"),
-    ({"inputs": {"a": A, "b": B}}, "application/json", "application/x-npy", 406,
-     "an .npy answer holds one array, but the model has 2 outputs (b_scaled, total)"),
-])
+@pytest.mark.parametrize(
+    "body, content_type, accept, status, message",
+    [
+        (
+            {"inputs": {"a": A}},
+            "application/json",
+            "application/json",
+            400,
+            "the model's inputs are a, b; missing: b",
+        ),
+        (
+            {"inputs": {"a": A, "b": B[:1]}},
+            "application/json",
+            "application/json",
+            400,
+            "every named input needs the same number of instances, got a: 2, b: 1",
+        ),
+        (
+            {"instances": [{"a": A[0], "b": B[0]}, {"a": A[1]}]},
+            "application/json",
+            "application/json",
+            400,
+            "instance 1 does not name the same inputs as instance 0 (a, b)",
+        ),
+        (
+            {"inputs": {"a": A, "b": [[1, 2], [3, 4]]}},
+            "application/json",
+            "application/json",
+            400,
+            "input 'b': each instance has shape [2], but the model expects [3]",
+        ),
+        (
+            "1,2,3,4,5",
+            "text/csv",
+            "application/json",
+            400,
+            "the model has 2 inputs (a, b): send named inputs",
+        ),
+        (
+            {"inputs": {"a": A, "b": B}},
+            "application/json",
+            "application/x-npy",
+            406,
+            "an .npy answer holds one array, but the model has 2 outputs (b_scaled, total)",
+        ),
+    ],
+)
 def test_named_input_mistakes(multi, body, content_type, accept, status, message):
     got_status, got = post(multi, body, content_type, accept)
-    assert (got_status, json.loads(got)["error"][:len(message)]) == (status, message)
+    assert (got_status, json.loads(got)["error"][: len(message)]) == (status, message)
 
 
 def test_batch_answers_have_one_line_per_record_and_no_trailing_newline(tf, tmp_path):
@@ -236,8 +291,12 @@ def test_an_integer_input_takes_whole_numbers_only(tf, tmp_path):
     embedding.set_weights([np.arange(5, dtype=np.float32).reshape(5, 1) * 10])
     model.save(str(tmp_path / "model" / "tokens" / "1"))
     client = serve(tmp_path / "model")
-    assert post(client, {"instances": [{"ids": [4, 0, 2]}]}) == \
-        (200, json.dumps({"predictions": [[40.0, 0.0, 20.0]]}))
+    assert post(client, {"instances": [{"ids": [4, 0, 2]}]}) == (
+        200,
+        json.dumps({"predictions": [[40.0, 0.0, 20.0]]}),
+    )
     status, body = post(client, {"instances": [[1, 2.5, 3]]})
     assert (status, json.loads(body)["error"]) == (
-        400, "instance 0 has a value at position [1] that is not representable as int32")
+        400,
+        "instance 0 has a value at position [1] that is not representable as int32",
+    )

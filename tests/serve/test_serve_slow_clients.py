@@ -24,8 +24,10 @@ from serve_testing import Server, expected_probabilities
 
 MARGIN_S = 10  # far more than a busy machine needs to notice a deadline
 ROW = b"1,2,3,4"
-HEAD = (b"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Type: text/csv\r\n"
-        b"Accept: application/json\r\n")
+HEAD = (
+    b"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Type: text/csv\r\n"
+    b"Accept: application/json\r\n"
+)
 
 
 @pytest.fixture
@@ -55,8 +57,9 @@ def connect(server: Server, first: bytes) -> tuple[socket.socket, float]:
     return sock, started
 
 
-def await_outcomes(clients: list[tuple[socket.socket, float]], trickle: bytes = b"",
-                   limit_s: float = 30) -> list[Outcome]:
+def await_outcomes(
+    clients: list[tuple[socket.socket, float]], trickle: bytes = b"", limit_s: float = 30
+) -> list[Outcome]:
     """Read each client's answer until the server ends its connection; meanwhile send one
     byte of `trickle` a second on every connection still open. Fails once a client has been
     held for `limit_s`."""
@@ -93,11 +96,15 @@ def nothing_answered(clients: list[tuple[socket.socket, float]]) -> bool:
 
 
 def answers_a_row(server: Server) -> None:
-    answer = requests.post(server.url + "/invocations", data=ROW, timeout=30,
-                           headers={"Content-Type": "text/csv"})
+    answer = requests.post(
+        server.url + "/invocations", data=ROW, timeout=30, headers={"Content-Type": "text/csv"}
+    )
     assert answer.status_code == 200, answer.text
-    np.testing.assert_allclose(answer.json()["predictions"][0]["probabilities"],
-                               expected_probabilities([[1, 2, 3, 4]])[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        answer.json()["predictions"][0]["probabilities"],
+        expected_probabilities([[1, 2, 3, 4]])[0],
+        rtol=1e-5,
+    )
 
 
 # first bytes, then what is trickled (one byte a second; b"" stops after the first bytes),
@@ -119,13 +126,16 @@ def test_a_stalled_client_is_cut_at_its_deadline_and_ping_answers_meanwhile(serv
     assert ping.status_code == 200
     assert nothing_answered(clients), "/ping was answered only after a stalled client was cut"
     outcomes = await_outcomes(clients, trickle)
-    print(f"\n{case}: held {[outcome.seconds for outcome in outcomes]} s "
-          f"against a {TIMEOUT_S} s deadline")
+    print(
+        f"\n{case}: held {[outcome.seconds for outcome in outcomes]} s "
+        f"against a {TIMEOUT_S} s deadline"
+    )
     for outcome in outcomes:
         assert outcome.status == status, outcome
         if status == 408:
             assert json.loads(outcome.body)["error"].startswith(
-                f"the request body had not fully arrived {TIMEOUT_S} s after the request began")
+                f"the request body had not fully arrived {TIMEOUT_S} s after the request began"
+            )
         assert outcome.seconds < TIMEOUT_S + MARGIN_S
     answers_a_row(server)
 
@@ -133,12 +143,16 @@ def test_a_stalled_client_is_cut_at_its_deadline_and_ping_answers_meanwhile(serv
 def test_a_request_stalled_behind_a_whole_one_is_cut_at_its_deadline(server):
     """gunicorn reads the start of the second request with the first: the intake counts it
     as arrived, and the deadline still cuts the rest (no answer: its head is incomplete)."""
-    clients = [connect(server, HEAD + b"Content-Length: 7\r\n\r\n" + ROW + HEAD)
-               for _ in range(THREADS + 1)]
+    clients = [
+        connect(server, HEAD + b"Content-Length: 7\r\n\r\n" + ROW + HEAD)
+        for _ in range(THREADS + 1)
+    ]
     assert requests.get(server.url + "/ping", timeout=30).status_code == 200
     outcomes = await_outcomes(clients)
-    print(f"\na head stalled behind a whole request: held {[o.seconds for o in outcomes]} s "
-          f"against a {TIMEOUT_S} s deadline")
+    print(
+        f"\na head stalled behind a whole request: held {[o.seconds for o in outcomes]} s "
+        f"against a {TIMEOUT_S} s deadline"
+    )
     for outcome in outcomes:
         assert outcome.answer.count(b"HTTP/1.1 ") == 1 and outcome.status == 200, outcome
         assert outcome.seconds < TIMEOUT_S + MARGIN_S
@@ -149,8 +163,9 @@ def test_a_body_that_trickles_after_arriving_at_full_speed_is_cut_at_its_deadlin
     (the one case where a stalled client holds a thread), and the deadline still ends it."""
     client = connect(server, HEAD + b"Content-Length: 1000000\r\n\r\n" + b"1,2,3,4\n" * 8192)
     [outcome] = await_outcomes([client], trickle=b"1")
-    print(f"\na body trickling after 64 KB: held {outcome.seconds} s against a {TIMEOUT_S} s "
-          "deadline")
+    print(
+        f"\na body trickling after 64 KB: held {outcome.seconds} s against a {TIMEOUT_S} s deadline"
+    )
     assert outcome.status == 408, outcome
     assert outcome.seconds < TIMEOUT_S + MARGIN_S
     answers_a_row(server)
@@ -164,8 +179,11 @@ def test_a_body_sent_slowly_within_the_timeout_is_answered(server):
     client[0].shutdown(socket.SHUT_WR)  # the server then ends the connection after its answer
     [outcome] = await_outcomes([client])
     assert outcome.status == 200, outcome
-    np.testing.assert_allclose(json.loads(outcome.body)["predictions"][0]["probabilities"],
-                               expected_probabilities([[1, 2, 3, 4]])[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        json.loads(outcome.body)["predictions"][0]["probabilities"],
+        expected_probabilities([[1, 2, 3, 4]])[0],
+        rtol=1e-5,
+    )
 
 
 def test_a_body_its_client_ends_early_is_refused_not_decoded(server):
@@ -179,22 +197,28 @@ def test_a_body_its_client_ends_early_is_refused_not_decoded(server):
 
 def test_a_large_body_at_full_speed_and_pipelined_requests_are_answered(server):
     rows = b"\n".join([ROW] * 20_000)  # 160 KB: more than the intake looks at
-    answer = requests.post(server.url + "/invocations", data=rows, timeout=30,
-                           headers={"Content-Type": "text/csv", "Accept": "text/csv"})
+    answer = requests.post(
+        server.url + "/invocations",
+        data=rows,
+        timeout=30,
+        headers={"Content-Type": "text/csv", "Accept": "text/csv"},
+    )
     assert answer.status_code == 200, answer.text
     assert len(answer.text.splitlines()) == 20_000
     # Two requests in one send: gunicorn reads the second with the first and must serve it
     # from what it read, not wait for more from the client.
     request = HEAD + b"Content-Length: 7\r\n\r\n" + ROW
-    client = connect(server, request + HEAD + b"Connection: close\r\nContent-Length: 7\r\n\r\n"
-                     + ROW)
+    client = connect(
+        server, request + HEAD + b"Connection: close\r\nContent-Length: 7\r\n\r\n" + ROW
+    )
     [outcome] = await_outcomes([client])
     assert outcome.answer.count(b"HTTP/1.1 200 OK\r\n") == 2, outcome
 
 
 def test_a_client_that_waits_for_100_continue_gets_it(server):
-    sock, _ = connect(server, HEAD + b"Expect: 100-continue\r\nContent-Length: 7\r\n"
-                                     b"Connection: close\r\n\r\n")
+    sock, _ = connect(
+        server, HEAD + b"Expect: 100-continue\r\nContent-Length: 7\r\nConnection: close\r\n\r\n"
+    )
     assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
     sock.sendall(ROW)
     [outcome] = await_outcomes([(sock, time.monotonic())])

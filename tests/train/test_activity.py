@@ -44,12 +44,20 @@ def blocked(target) -> threading.Thread:
     return thread
 
 
+def in_syscall(thread: threading.Thread) -> bool:
+    """Whether the kernel shows `thread` blocked in a system call (not running, not in none)."""
+    with open(f"/proc/self/task/{thread.native_id}/syscall") as status:
+        return status.read().split()[0] not in ("running", "-1")
+
+
 @pytest.mark.parametrize("timeout", [30, None])  # poll() then recv, or a blocking recv
 def test_a_thread_in_a_slow_http_call_waits_on_the_network(slow_server, timeout):
     url, release = slow_server
     thread = blocked(lambda: urllib.request.urlopen(url, timeout=timeout).read())
-    eventually(lambda: io_wait(thread.native_id) == "network",
-               f"never seen waiting on the network: {io_wait(thread.native_id)}")
+    eventually(
+        lambda: io_wait(thread.native_id) == "network",
+        f"never seen waiting on the network: {io_wait(thread.native_id)}",
+    )
     release.set()
     thread.join(10)
     assert io_wait(thread.native_id) is None  # ended
@@ -60,11 +68,13 @@ def test_a_thread_on_a_lock_a_pipe_or_asleep_waits_on_no_io(tmp_path):
     Each is seen blocked in its system call (the kernel names it) before it is judged."""
     lock, (reader, writer) = threading.Lock(), os.pipe()
     lock.acquire()
-    threads = [blocked(lock.acquire), blocked(lambda: os.read(reader, 1)),
-               blocked(lambda: time.sleep(30))]
+    threads = [
+        blocked(lock.acquire),
+        blocked(lambda: os.read(reader, 1)),
+        blocked(lambda: time.sleep(30)),
+    ]
     for thread in threads:
-        eventually(lambda: open(f"/proc/self/task/{thread.native_id}/syscall").read().split()[0]
-                   not in ("running", "-1"), "never blocked")
+        eventually(lambda thread=thread: in_syscall(thread), "never blocked")
         assert io_wait(thread.native_id) is None
     lock.release()
     os.write(writer, b"x")
@@ -79,8 +89,7 @@ def test_a_tcp_read_is_network_and_a_local_socket_is_not():
     left, right = socket.socketpair()
     tcp, local = blocked(lambda: client.recv(1)), blocked(lambda: left.recv(1))
     eventually(lambda: io_wait(tcp.native_id) == "network", "never seen on the TCP socket")
-    eventually(lambda: open(f"/proc/self/task/{local.native_id}/syscall").read().split()[0]
-               not in ("running", "-1"), "never blocked")
+    eventually(lambda: in_syscall(local), "never blocked")
     assert io_wait(local.native_id) is None
     server.send(b"x")
     right.send(b"x")

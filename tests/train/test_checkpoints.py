@@ -20,7 +20,10 @@ def test_saves_are_atomic_pruned_and_torn_folders_ignored(tmp_path):
     (tmp_path / "epoch-000005").mkdir()  # no state: never completed
     variable.assign([0.0, 0.0])
     folder, state = store.resume(checkpoint, log=pytest.fail)
-    assert folder.name == "epoch-000003" and state == {"epochs_done": 3, "history": {"loss": [0.5] * 3}}
+    assert folder.name == "epoch-000003" and state == {
+        "epochs_done": 3,
+        "history": {"loss": [0.5] * 3},
+    }
     assert variable.numpy().tolist() == [3.0, 3.0]
     store.clean_torn()
     assert not (tmp_path / ".tmp-epoch-000004-99").exists()
@@ -36,7 +39,10 @@ def test_resaving_an_epoch_never_leaves_zero_checkpoints(tmp_path):
     # The new save got its own name, so the old one was still there when it landed.
     assert second != first and sorted(p.name for p in tmp_path.iterdir()) == [second.name]
     variable.assign(0.0)
-    assert store.resume(checkpoint, log=pytest.fail) == (second, {"epochs_done": 4, "interrupted": True})
+    assert store.resume(checkpoint, log=pytest.fail) == (
+        second,
+        {"epochs_done": 4, "interrupted": True},
+    )
     assert variable.numpy() == 2.0
     assert store.save(checkpoint, 5).name == "epoch-000005"  # a later epoch sorts after both
 
@@ -70,11 +76,14 @@ def break_the_state(folder):
     (folder / "state.json").write_text('{"epochs_done": 3, "hist')
 
 
-@pytest.mark.parametrize("damage, why", [
-    (truncate_variables, "IndexError: Read less bytes than requested"),
-    (lose_the_index, "NotFoundError: Unsuccessful TensorSliceReader constructor"),
-    (break_the_state, "JSONDecodeError: Unterminated string"),
-])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (truncate_variables, "IndexError: Read less bytes than requested"),
+        (lose_the_index, "NotFoundError: Unsuccessful TensorSliceReader constructor"),
+        (break_the_state, "JSONDecodeError: Unterminated string"),
+    ],
+)
 def test_resume_falls_back_past_a_broken_newest_checkpoint(tmp_path, damage, why):
     variable = tf.Variable(np.zeros(1000, np.float32))
     checkpoint = tf.train.Checkpoint(v=variable)
@@ -87,7 +96,9 @@ def test_resume_falls_back_past_a_broken_newest_checkpoint(tmp_path, damage, why
     folder, state = store.resume(checkpoint, log=logged.append)
     assert folder.name == "epoch-000002" and state == {"epochs_done": 2}
     assert variable.numpy()[0] == 2.0
-    assert len(logged) == 1 and logged[0].startswith(f"skipped checkpoint {tmp_path / 'epoch-000003'}")
+    assert len(logged) == 1 and logged[0].startswith(
+        f"skipped checkpoint {tmp_path / 'epoch-000003'}"
+    )
     assert why in logged[0]
 
 
@@ -106,5 +117,6 @@ def test_schedule_matches_the_formula(warmup_steps):
     schedule = WarmupSchedule(0.1, 0.8, warmup_steps)
     for step in (0, 1, 5, 10, 50):
         assert float(schedule(step)) == pytest.approx(
-            warmup_rate(step, start=0.1, target=0.8, warmup_steps=warmup_steps), rel=1e-6)
+            warmup_rate(step, start=0.1, target=0.8, warmup_steps=warmup_steps), rel=1e-6
+        )
     assert np.isfinite(float(schedule(tf.constant(3, tf.int64))))

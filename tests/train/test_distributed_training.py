@@ -4,26 +4,35 @@ import json
 import subprocess
 import time
 
-
-from tests.conftest import (ROOT, TRAIN, failure_of, kill_host, newest_state,
-                            run_train)
+from tests.conftest import ROOT, TRAIN, failure_of, kill_host, newest_state, run_train
 
 
 def metrics_lines(output: str) -> list[str]:
-    return [line.split("METRICS ", 1)[1] for line in output.splitlines() if "METRICS epoch=" in line]
+    return [
+        line.split("METRICS ", 1)[1] for line in output.splitlines() if "METRICS epoch=" in line
+    ]
 
 
 def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
     """With the checkpoint and TensorBoard folders a job's CheckpointConfig and
     TensorBoardOutputConfig name (SageMaker writes their LocalPath into input/config), and a
     profile of steps 5 to 7."""
-    root = make_job({"epochs": 4, "processes_per_host": 2, "learning_rate": 0.002,
-                     "profile_steps": "5,7"})
+    root = make_job(
+        {"epochs": 4, "processes_per_host": 2, "learning_rate": 0.002, "profile_steps": "5,7"}
+    )
     checkpoints, tensorboard = root / "my-checkpoints", root / "my-tensorboard"
-    for name, local in (("checkpointconfig", checkpoints), ("tensorboardoutputconfig", tensorboard)):
-        (root / "input" / "config" / f"{name}.json").write_text(json.dumps(
-            {"LocalPath": str(local), "S3Uri" if name == "checkpointconfig" else "S3OutputPath":
-             "s3://bucket/prefix"}))
+    for name, local in (
+        ("checkpointconfig", checkpoints),
+        ("tensorboardoutputconfig", tensorboard),
+    ):
+        (root / "input" / "config" / f"{name}.json").write_text(
+            json.dumps(
+                {
+                    "LocalPath": str(local),
+                    "S3Uri" if name == "checkpointconfig" else "S3OutputPath": "s3://bucket/prefix",
+                }
+            )
+        )
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 rank(s): 0@algo-1, 1@algo-1" in result.stdout
@@ -44,9 +53,19 @@ def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
 
 
 def test_cnn_with_fixed_global_batch_and_accumulation(make_job):
-    root = make_job({"epochs": 2, "processes_per_host": 2, "model": "cnn", "image_shape": "8,8,1",
-                     "global_batch_size": 128, "max_device_batch_size": 16, "optimizer": "sgd",
-                     "learning_rate": 0.05, "fp16_allreduce": "true"})
+    root = make_job(
+        {
+            "epochs": 2,
+            "processes_per_host": 2,
+            "model": "cnn",
+            "image_shape": "8,8,1",
+            "global_batch_size": 128,
+            "max_device_batch_size": 16,
+            "optimizer": "sgd",
+            "learning_rate": 0.05,
+            "fp16_allreduce": "true",
+        }
+    )
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "global batch 128 = 2 device(s) x 4 accumulated micro-batch(es) x 16" in result.stdout
@@ -55,8 +74,12 @@ def test_cnn_with_fixed_global_batch_and_accumulation(make_job):
 
 def test_killed_job_resumes_from_its_checkpoint(make_job):
     root = make_job({"epochs": 400, "processes_per_host": 2})
-    job = subprocess.Popen([str(TRAIN), "--ml-root", str(root)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    job = subprocess.Popen(
+        [str(TRAIN), "--ml-root", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 180
     while not (root / "checkpoints" / "epoch-000002").exists():
         assert time.monotonic() < deadline and job.poll() is None, "no checkpoint appeared"
@@ -64,8 +87,9 @@ def test_killed_job_resumes_from_its_checkpoint(make_job):
     kill_host(job)  # no warning: like a lost spot instance
     done = newest_state(root)
     hyperparameters = root / "input" / "config" / "hyperparameters.json"
-    hyperparameters.write_text(json.dumps({"epochs": str(done["epochs_done"] + 2),
-                                           "processes_per_host": "2"}))
+    hyperparameters.write_text(
+        json.dumps({"epochs": str(done["epochs_done"] + 2), "processes_per_host": "2"})
+    )
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"resumed from {root / 'checkpoints'}/epoch-{done['epochs_done']:06d}" in result.stdout
@@ -143,7 +167,9 @@ if distributed.is_leader():
 
 
 def test_diverged_weights_fail_loudly(make_script_job):
-    root = make_script_job("diverge.py", {"processes_per_host": 2},
+    root = make_script_job(
+        "diverge.py",
+        {"processes_per_host": 2},
         "import tensorflow as tf\n"
         "from train import distributed\n"
         "from train.sync import Horovod\n"
@@ -154,7 +180,8 @@ def test_diverged_weights_fail_loudly(make_script_job):
         "verify_identical_weights(sync, model)\n"  # identical: passes
         "if distributed.rank() == 1:\n"
         "    model.layers[0].kernel.assign_add(tf.ones((2, 1)) * 1e-6)\n"
-        "verify_identical_weights(sync, model)\n")
+        "verify_identical_weights(sync, model)\n",
+    )
     result = run_train(root)
     assert result.returncode == 1
     failure = failure_of(root)
@@ -163,38 +190,55 @@ def test_diverged_weights_fail_loudly(make_script_job):
 
 
 def test_a_bare_assert_in_a_users_script_names_its_file_and_line(make_script_job):
-    root = make_script_job("checks.py", {"processes_per_host": 2},
+    root = make_script_job(
+        "checks.py",
+        {"processes_per_host": 2},
         "from mpi4py import MPI\n"
         "rows = [1, 2] if MPI.COMM_WORLD.rank == 1 else [1, 2, 3]\n"
-        "assert len(rows) == 3\n")
+        "assert len(rows) == 3\n",
+    )
     result = run_train(root, timeout=120)
     assert result.returncode == 1
-    assert failure_of(root).startswith("rank 1 on host algo-1 failed (exit code 1): "
-                                       "AssertionError (at checks.py, line 3: "
-                                       "assert len(rows) == 3)"), failure_of(root)
+    assert failure_of(root).startswith(
+        "rank 1 on host algo-1 failed (exit code 1): "
+        "AssertionError (at checks.py, line 3: "
+        "assert len(rows) == 3)"
+    ), failure_of(root)
 
 
 def test_a_failing_rank_stops_the_job_within_seconds(make_script_job):
-    root = make_script_job("fail.py", {"processes_per_host": 2},
+    root = make_script_job(
+        "fail.py",
+        {"processes_per_host": 2},
         "import time\n"
         "from mpi4py import MPI\n"
         "comm = MPI.COMM_WORLD\n"
         "comm.barrier()\n"
         "if comm.rank == 1:\n"
         "    raise ValueError('column 7 holds text where a number was expected')\n"
-        "comm.barrier()  # rank 0 would wait here forever without the abort\n")
+        "comm.barrier()  # rank 0 would wait here forever without the abort\n",
+    )
     started = time.monotonic()
     result = run_train(root, timeout=120)
     assert result.returncode == 1
     failure = failure_of(root)
-    assert failure.startswith("rank 1 on host algo-1 failed (exit code 1): ValueError: column 7 "
-                              "holds text where a number was expected"), failure
+    assert failure.startswith(
+        "rank 1 on host algo-1 failed (exit code 1): ValueError: column 7 "
+        "holds text where a number was expected"
+    ), failure
     print(f"failing job ended after {time.monotonic() - started:.1f} s")
 
 
 def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
-    root = make_job({"sagemaker_program": "\"probe.py\"", "processes_per_host": 2, "epochs": "3",
-                     "optimizer": "\"adam\"", "sagemaker_region": "\"us-east-1\""})
+    root = make_job(
+        {
+            "sagemaker_program": '"probe.py"',
+            "processes_per_host": 2,
+            "epochs": "3",
+            "optimizer": '"adam"',
+            "sagemaker_region": '"us-east-1"',
+        }
+    )
     (root / "code").mkdir()  # the program name arrives JSON-quoted, as framework estimators send it
     (root / "code" / "probe.py").write_text(
         "import json, os, sys\n"
@@ -202,7 +246,8 @@ def test_script_mode_gets_sagemaker_environment_and_arguments(make_job):
         "keys = ['SM_CURRENT_HOST', 'SM_HOSTS', 'SM_MODEL_DIR', 'SM_CHANNEL_TRAIN', 'SM_NUM_GPUS', 'SM_HPS']\n"
         "out = os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], f'rank{MPI.COMM_WORLD.rank}.json')\n"
         "json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd(), 'shipped': open('shipped.txt').read(),\n"
-        "           **{k: os.environ.get(k) for k in keys}}, open(out, 'w'))\n")
+        "           **{k: os.environ.get(k) for k in keys}}, open(out, 'w'))\n"
+    )
     (root / "code" / "shipped.txt").write_text("beside the script")
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -221,7 +266,9 @@ USERS_MODULES = ("train", "serve", "container", "job", "utils", "model")
 
 def test_a_users_modules_win_over_the_images_packages_of_the_same_name(make_script_job):
     """`from train import build_model` in a user's main.py found our package before."""
-    root = make_script_job("main.py", {"processes_per_host": 2},
+    root = make_script_job(
+        "main.py",
+        {"processes_per_host": 2},
         "import json, os\n"
         "from mpi4py import MPI\n"
         "from train import build_model\n"
@@ -229,7 +276,8 @@ def test_a_users_modules_win_over_the_images_packages_of_the_same_name(make_scri
         "names = {m.__name__: m.OWNER for m in (serve, container, job, utils, model)}\n"
         "out = os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], f'rank{MPI.COMM_WORLD.rank}.json')\n"
         "json.dump({'train': build_model(), **names}, open(out, 'w'))\n"
-        "assert job.OWNER == 'nobody', 'the failure report still works after the hand-over'\n")
+        "assert job.OWNER == 'nobody', 'the failure report still works after the hand-over'\n",
+    )
     code = root / "code"
     for name in USERS_MODULES[1:3] + USERS_MODULES[4:]:
         (code / f"{name}.py").write_text("OWNER = 'user'\n")
@@ -246,11 +294,14 @@ def test_a_users_modules_win_over_the_images_packages_of_the_same_name(make_scri
 
 
 def test_a_data_folder_named_like_our_package_does_not_hide_the_helper(make_script_job):
-    root = make_script_job("main.py", {"processes_per_host": 1},
+    root = make_script_job(
+        "main.py",
+        {"processes_per_host": 1},
         "import os\n"
         "from train import distributed\n"
         "distributed.init()\n"
-        "open(os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], 'size'), 'w').write(str(distributed.size()))\n")
+        "open(os.path.join(os.environ['SM_OUTPUT_DATA_DIR'], 'size'), 'w').write(str(distributed.size()))\n",
+    )
     (root / "code" / "train").mkdir()  # data, no __init__.py
     (root / "code" / "train" / "rows.csv").write_text("1,2\n")
     result = run_train(root, timeout=120)
@@ -260,8 +311,9 @@ def test_a_data_folder_named_like_our_package_does_not_hide_the_helper(make_scri
 
 def test_example_user_script_trains(make_script_job):
     example = ROOT / "train" / "examples" / "keras_script.py"
-    root = make_script_job("keras_script.py", {"processes_per_host": 2, "epochs": 2},
-                           example.read_text())
+    root = make_script_job(
+        "keras_script.py", {"processes_per_host": 2, "epochs": 2}, example.read_text()
+    )
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     assert (root / "model" / "model" / "1" / "saved_model.pb").exists()
@@ -271,11 +323,15 @@ def test_example_user_script_trains(make_script_job):
 
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_likely_cause(make_script_job):
-    root = make_script_job("oom.py", {"processes_per_host": 2},
+    root = make_script_job(
+        "oom.py",
+        {"processes_per_host": 2},
         "import os, signal, time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.barrier()\n"
         "if MPI.COMM_WORLD.rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does\n"
-        "time.sleep(60)\n")
+        "time.sleep(60)\n",
+    )
     result = run_train(root, timeout=120)
     assert result.returncode == 137, result.returncode  # 128 + SIGKILL, as mpirun reports it
     assert failure_of(root).startswith(
-        "rank 1 on host algo-1 was killed by signal 9 (Killed) - likely out of memory"), failure_of(root)
+        "rank 1 on host algo-1 was killed by signal 9 (Killed) - likely out of memory"
+    ), failure_of(root)

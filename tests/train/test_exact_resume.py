@@ -7,17 +7,21 @@ import numpy as np
 
 from tests.conftest import newest_state, run_train, stop_job
 
-
 EXACT = {"epochs": 3, "processes_per_host": 2, "dropout_rate": 0, "per_device_batch_size": 2}
 
 
 def final_values(root) -> dict:
     """Every model and optimizer variable of the checkpoint at the end of the last epoch."""
     import tensorflow as tf
-    reader = tf.train.load_checkpoint(str(root / "checkpoints" / f"epoch-{EXACT['epochs']:06d}"
-                                      / "ckpt"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(("model/", "optimizer/"))}
+
+    reader = tf.train.load_checkpoint(
+        str(root / "checkpoints" / f"epoch-{EXACT['epochs']:06d}" / "ckpt")
+    )
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.startswith(("model/", "optimizer/"))
+    }
 
 
 def stop_once(root, after: str, delay: float) -> tuple[dict, str]:
@@ -74,9 +78,18 @@ def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
     state, _ = stop_once(root, "METRICS epoch=1 ", 0.5)
     assert len(list((root / "checkpoints").iterdir())) == 1
     epoch, step = state["epochs_done"] + 1, state["epoch_samples"] // 8 + 1
-    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(
-        {key: str(value) for key, value in
-         {**hyperparameters, "processes_per_host": 1, "epochs": epoch}.items()}))
+    (root / "input" / "config" / "hyperparameters.json").write_text(
+        json.dumps(
+            {
+                key: str(value)
+                for key, value in {
+                    **hyperparameters,
+                    "processes_per_host": 1,
+                    "epochs": epoch,
+                }.items()
+            }
+        )
+    )
     result = run_train(root)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "1 rank(s): 0@algo-1" in result.stdout

@@ -36,14 +36,17 @@ def test_initial_weights_from_a_notop_file_replace_the_random_ones(tmp_path):
 
 def test_weights_of_another_network_are_refused_with_what_to_use(tmp_path):
     backbone(build("mobilenet_v2")).save_weights(str(tmp_path / "mobilenet_notop.h5"))
-    with pytest.raises(ValueError, match="cannot load as initial weights of resnet50 without "
-                                         "its classifier head .*_notop.h5"):
+    with pytest.raises(
+        ValueError,
+        match="cannot load as initial weights of resnet50 without its classifier head .*_notop.h5",
+    ):
         load_initial_weights(build("resnet50"), tmp_path / "mobilenet_notop.h5")
 
 
 def test_the_weights_channel_holds_exactly_one_file(tmp_path):
-    with pytest.raises(ValueError, match="must hold exactly one .h5 file of initial weights; "
-                                         "found 0"):
+    with pytest.raises(
+        ValueError, match="must hold exactly one .h5 file of initial weights; found 0"
+    ):
         initial_weights_file(tmp_path)
 
 
@@ -62,6 +65,9 @@ def test_image_models_normalise_raw_pixels_per_channel():
 
 def test_batch_normalisation_statistics_settle_within_a_short_job():
     model = build("mobilenet_v2")
-    momenta = {layer.momentum for layer in backbone(model).layers
-               if isinstance(layer, tf.keras.layers.BatchNormalization)}
+    momenta = {
+        layer.momentum
+        for layer in backbone(model).layers
+        if isinstance(layer, tf.keras.layers.BatchNormalization)
+    }
     assert momenta == {0.9}

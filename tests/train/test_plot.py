@@ -7,26 +7,35 @@ import pytest
 from PIL import Image
 
 from train.export import write_history
-from train.plot import PANEL, COLOURS, history_png, panels, value_range
+from train.plot import COLOURS, PANEL, history_png, panels, value_range
 
-HISTORY = {"loss": [1.0, 0.5, 0.25], "val_loss": [1.1, 0.7, 0.5], "accuracy": [0.2, 0.6, 0.9],
-           "lr": [0.1, 0.1, 0.1], "samples_per_sec": [900.0, 1800.0, 1850.0]}
+HISTORY = {
+    "loss": [1.0, 0.5, 0.25],
+    "val_loss": [1.1, 0.7, 0.5],
+    "accuracy": [0.2, 0.6, 0.9],
+    "lr": [0.1, 0.1, 0.1],
+    "samples_per_sec": [900.0, 1800.0, 1850.0],
+}
 
 
 def test_train_and_validation_share_a_panel_and_lr_is_left_out():
     assert panels(HISTORY) == [
         ("accuracy", {"train": HISTORY["accuracy"]}),
         ("loss", {"train": HISTORY["loss"], "validation": HISTORY["val_loss"]}),
-        ("samples_per_sec", {"train": HISTORY["samples_per_sec"]})]
+        ("samples_per_sec", {"train": HISTORY["samples_per_sec"]}),
+    ]
 
 
-@pytest.mark.parametrize("series, expected", [
-    ({"train": [0.0, 1.0]}, (-0.05, 1.05)),
-    ({"train": [2.0, 2.0]}, (1.9, 2.1)),          # flat curve: widened around the value
-    ({"train": [0.0]}, (-0.5, 0.5)),
-    ({"train": [math.nan, math.inf]}, (0.0, 1.0)),  # nothing finite to scale to
-    ({"train": [1.0, math.nan], "validation": [3.0]}, (0.9, 3.1)),
-])
+@pytest.mark.parametrize(
+    "series, expected",
+    [
+        ({"train": [0.0, 1.0]}, (-0.05, 1.05)),
+        ({"train": [2.0, 2.0]}, (1.9, 2.1)),  # flat curve: widened around the value
+        ({"train": [0.0]}, (-0.5, 0.5)),
+        ({"train": [math.nan, math.inf]}, (0.0, 1.0)),  # nothing finite to scale to
+        ({"train": [1.0, math.nan], "validation": [3.0]}, (0.9, 3.1)),
+    ],
+)
 def test_value_range(series, expected):
     assert value_range(series) == pytest.approx(expected)
 
@@ -43,5 +52,4 @@ def test_odd_histories_still_give_a_png(tmp_path):
     for history in ({}, {"loss": [math.nan]}, {"loss": [3.0]}, {"lr": [0.1]}):
         assert Image.open(io.BytesIO(history_png(history))).format == "PNG"
     write_history(HISTORY, tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["history.json",
-                                                                     "history.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["history.json", "history.png"]

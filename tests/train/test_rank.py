@@ -35,8 +35,13 @@ run_rank(body)
 
 def start_rank(tmp_path, mode):
     (tmp_path / "slow_module.py").write_text(SLOW_MODULE)
-    return subprocess.Popen([sys.executable, "-c", PROGRAM, str(tmp_path), mode], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, str(tmp_path), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop_after(process, line):
@@ -86,8 +91,13 @@ run_rank(body)
 
 
 def fail(mode):
-    process = subprocess.run([sys.executable, "-c", FAILING, str(ROOT), mode], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)
+    process = subprocess.run(
+        [sys.executable, "-c", FAILING, str(ROOT), mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return process.returncode, process.stdout, process.stderr
 
 

@@ -13,7 +13,7 @@ from tests.conftest import ROOT, failure_of, run_train, stop_job
 # A custom loop whose every step is fixed (its data are chosen by the step), with Adam, so a
 # resume that lost or mangled any variable (the optimizer's moments, its step count) ends with
 # other weights.
-LOOP = '''
+LOOP = """
 import os, time
 import numpy as np
 import tensorflow as tf
@@ -49,10 +49,10 @@ for step in range(start.step, 60):
 if distributed.is_leader():
     np.savez(os.path.join(os.environ["SM_MODEL_DIR"], "final.npz"),
              *[v.numpy() for v in model.variables + optimizer.variables])
-'''
+"""
 
 # Keras fit with the callback, as the docs show it.
-FIT = '''
+FIT = """
 import json, os
 import numpy as np
 import tensorflow as tf
@@ -76,7 +76,7 @@ history = model.fit(x, y, batch_size=4, epochs=4, initial_epoch=start.epoch,
 if distributed.is_leader():
     with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "epochs.json"), "w") as out:
         json.dump(history.epoch, out)
-'''
+"""
 
 
 def final_weights(root) -> list[np.ndarray]:
@@ -96,18 +96,19 @@ def never_stopped() -> list[np.ndarray]:
     for batch in data[:, np.r_[0:8:2, 1:8:2]]:  # rank 0's rows, then rank 1's
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((model(batch[:, :4]) - batch[:, 4:]) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                      model.trainable_variables))
+        optimizer.apply_gradients(
+            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        )
     return [v.numpy() for v in model.variables + optimizer.variables]
 
 
-def test_a_loop_stopped_and_run_again_ends_with_the_weights_of_one_never_stopped(
-        make_script_job):
+def test_a_loop_stopped_and_run_again_ends_with_the_weights_of_one_never_stopped(make_script_job):
     stopped = make_script_job("loop.py", {"processes_per_host": 2}, LOOP)
     output = stop_job(stopped, "[1,0]<stdout>:step 20")
     [folder] = (stopped / "checkpoints").glob("epoch-*")
     assert failure_of(stopped).endswith(  # the launcher read the leader's stop line
-        f"checkpoint saved in {folder}; a restarted job resumes from it"), output[-3000:]
+        f"checkpoint saved in {folder}; a restarted job resumes from it"
+    ), output[-3000:]
     saved = json.loads((folder / "state.json").read_text())
     assert 20 <= saved["step"] < 60 and saved["extra"] == {"note": "loop"}, saved
     again = run_train(stopped)
@@ -137,12 +138,15 @@ def test_fit_stopped_mid_epoch_resumes_that_epoch_with_its_weights(make_script_j
 
 # FIT's shape, 2 epochs, stopped after `fit` returned (the script exports its model then): the
 # checkpoint of epoch 2's end is what a restart uses, though no rank saved at the stop.
-STOPPED_AFTER_FIT = FIT.replace("epochs=4", "epochs=2") + '''
+STOPPED_AFTER_FIT = (
+    FIT.replace("epochs=4", "epochs=2")
+    + """
 print("fit returned, exporting", flush=True)
 if start.folder is None:  # an export that outlasts the stop (the rerun has nothing to wait for)
     from train.rank import StopRequest
     StopRequest.event.wait(120)
-'''
+"""
+)
 
 
 def test_a_stop_after_the_last_epochs_checkpoint_names_it_as_the_restart_point(make_script_job):
@@ -154,9 +158,11 @@ def test_a_stop_after_the_last_epochs_checkpoint_names_it_as_the_restart_point(m
     assert folder.is_dir(), output[-3000:]
     reason = failure_of(root)
     assert reason.startswith("training was stopped by a signal"), reason
-    assert re.search(rf"; no checkpoint was confirmed at the stop; a restarted job resumes from "
-                     rf"{re.escape(str(folder))} \(epoch 2, step \d+, saved \d+ s ago\)$",
-                     reason), reason
+    assert re.search(
+        rf"; no checkpoint was confirmed at the stop; a restarted job resumes from "
+        rf"{re.escape(str(folder))} \(epoch 2, step \d+, saved \d+ s ago\)$",
+        reason,
+    ), reason
     again = run_train(root)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"checkpoints: resumed from {folder} (epoch 2," in again.stdout, again.stdout[-3000:]
@@ -183,8 +189,13 @@ for make in (lambda: Checkpoints(unbuilt, directory=sys.argv[1]).restore(),
 def test_a_model_it_cannot_checkpoint_is_named_with_the_way_out(tmp_path):
     """In its own process: MPI started inside pytest's would set Open MPI's singleton variables
     in the C environment, which every later mpirun of the worker inherits and fails on."""
-    done = subprocess.run([sys.executable, "-c", BAD_MODELS, str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", BAD_MODELS, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     errors = [line for line in done.stdout.splitlines() if line.startswith("ValueError")]
     assert len(errors) == 2, done.stdout + done.stderr[-3000:]
     assert "build the model before restoring it" in errors[0]
@@ -193,7 +204,7 @@ def test_a_model_it_cannot_checkpoint_is_named_with_the_way_out(tmp_path):
 
 # A script whose save outlasts the job's stop_grace: its stop is honoured after a step, and the
 # step never ends (an upload to a store that stopped answering).
-STUCK = '''
+STUCK = """
 import time
 import tensorflow as tf
 from train.resumable import Checkpoints
@@ -209,7 +220,7 @@ def upload_to_a_store_that_stopped_answering():
 
 print("uploading", flush=True)
 upload_to_a_store_that_stopped_answering()
-'''
+"""
 
 
 def test_a_stop_whose_save_outlasts_the_grace_says_so_and_shows_where_it_was(make_script_job):
@@ -218,7 +229,8 @@ def test_a_stop_whose_save_outlasts_the_grace_says_so_and_shows_where_it_was(mak
     assert failure_of(root).endswith(
         "no checkpoint was confirmed within the grace of 3 s, so the ranks were killed; their "
         "Python stacks are in the log: raise stop_grace if saving takes longer; there is no "
-        f"checkpoint in {root / 'checkpoints'}: a restarted job starts afresh"), output[-3000:]
+        f"checkpoint in {root / 'checkpoints'}: a restarted job starts afresh"
+    ), output[-3000:]
     assert "the ranks did not stop within the grace of 3 s; asking every rank" in output
     assert "in upload_to_a_store_that_stopped_answering" in output, output[-3000:]
 
@@ -227,8 +239,9 @@ def test_a_stop_whose_save_fails_names_the_rank_and_the_error(make_script_job):
     """The folder the script chose cannot be written: the stop ends the job as stopped (143),
     and the failure file says that nothing was saved, and why."""
     script = STUCK.replace("every_minutes=0", "every_minutes=0, directory='/dev/null/ckpt'")
-    script = script.replace("        time.sleep(0.1)", "        time.sleep(0.1)\n"
-                            "        checkpoints.after_step(step=1)")
+    script = script.replace(
+        "        time.sleep(0.1)", "        time.sleep(0.1)\n        checkpoints.after_step(step=1)"
+    )
     root = make_script_job("unwritable.py", {"stop_grace": 60}, script)
     output = stop_job(root, "[1,0]<stdout>:uploading")
     reason = failure_of(root)

@@ -44,8 +44,9 @@ print(json.dumps(report))
 
 
 def test_every_stack_implements_the_whole_documented_contract_and_its_own_step():
-    result = subprocess.run([sys.executable, "-c", CHECKS], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", CHECKS], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
     for stack in ("Horovod", "Mirrored", "KerasOnJax"):

@@ -39,10 +39,11 @@ def test_the_one_host_mirrored_strategy_in_two_processes_fails_the_job(make_scri
     assert result.returncode == 2, output[-3000:]
     reason = failure_of(root)
     assert reason.startswith("rank "), reason
-    assert ("TrainedApart: this job has 2 processes, but the script's tf.distribute."
-            "MirroredStrategy spans the devices of one process only: each process trained its "
-            "own model. To train one model across them, synchronise with Horovod") in reason, \
-        reason
+    assert (
+        "TrainedApart: this job has 2 processes, but the script's tf.distribute."
+        "MirroredStrategy spans the devices of one process only: each process trained its "
+        "own model. To train one model across them, synchronise with Horovod"
+    ) in reason, reason
 
 
 def test_processes_synchronised_through_nothing_known_complete_with_a_warning(make_script_job):
@@ -50,8 +51,10 @@ def test_processes_synchronised_through_nothing_known_complete_with_a_warning(ma
     result = run_train(root, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    said = ("this job has 2 processes, but the script synchronised them with none of "
-            "MultiWorkerMirroredStrategy, Horovod or keras.distribution")
+    said = (
+        "this job has 2 processes, but the script synchronised them with none of "
+        "MultiWorkerMirroredStrategy, Horovod or keras.distribution"
+    )
     assert f"rank 0: WARNING: {said}" in output, output[-3000:]
     assert (MlPaths(root).output_data_dir / APART_FILE).read_text().startswith(said)
 

@@ -33,9 +33,11 @@ if args.initialize == "true":
 process, processes = jax.process_index(), jax.process_count()
 devices = keras.distribution.list_devices()
 keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-print(f"process {process} of {processes} on {os.environ['SM_CURRENT_HOST']}: "
-      f"{len(devices)} devices, Keras {keras.__version__} on {keras.backend.backend()}",
-      flush=True)
+print(
+    f"process {process} of {processes} on {os.environ['SM_CURRENT_HOST']}: "
+    f"{len(devices)} devices, Keras {keras.__version__} on {keras.backend.backend()}",
+    flush=True,
+)
 if process == args.fail_on_process:
     raise ValueError(f"process {process} cannot parse its data")
 
@@ -44,16 +46,19 @@ rows = np.concatenate([np.loadtxt(path, delimiter=",", ndmin=2) for path in file
 features, labels = rows[:, 1:].astype("float32") / 16.0, rows[:, 0].astype("int64")
 # Whole global batches only: Keras splits each between the processes, and a last, smaller
 # batch leaves them disagreeing on the number of steps (measured: the job hangs).
-dataset = (tf.data.Dataset.from_tensor_slices((features, labels))
-           .batch(args.global_batch, drop_remainder=True))
+dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(
+    args.global_batch, drop_remainder=True
+)
 
 keras.utils.set_random_seed(1)
 inputs = keras.Input(shape=(features.shape[1],))
 hidden = keras.layers.Dense(64, activation="relu")(inputs)
 model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
-model.compile(optimizer=keras.optimizers.Adam(0.01),
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              metrics=["accuracy"])
+model.compile(
+    optimizer=keras.optimizers.Adam(0.01),
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    metrics=["accuracy"],
+)
 history = model.fit(dataset, epochs=args.epochs, verbose=2)
 
 digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights()))

@@ -19,8 +19,12 @@ from train import distributed
 
 
 def read_csv_folder(folder: str) -> tuple[np.ndarray, np.ndarray]:
-    table = np.concatenate([np.loadtxt(path, delimiter=",", ndmin=2)
-                            for path in sorted(glob.glob(os.path.join(folder, "*.csv")))])
+    table = np.concatenate(
+        [
+            np.loadtxt(path, delimiter=",", ndmin=2)
+            for path in sorted(glob.glob(os.path.join(folder, "*.csv")))
+        ]
+    )
     return table[:, 1:].astype("float32") / 16.0, table[:, 0].astype("int64")
 
 
@@ -35,16 +39,25 @@ def main() -> None:
     x, y = read_csv_folder(os.environ["SM_CHANNEL_TRAIN"])
     x, y = distributed.shard(x, y)  # distributed: this rank's share
 
-    model = tf.keras.Sequential([
-        tf.keras.Input(shape=x.shape[1:]),
-        tf.keras.layers.Dense(128, activation="relu"),
-        tf.keras.layers.Dense(int(y.max()) + 1, activation="softmax")])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input(shape=x.shape[1:]),
+            tf.keras.layers.Dense(128, activation="relu"),
+            tf.keras.layers.Dense(int(y.max()) + 1, activation="softmax"),
+        ]
+    )
     optimizer = distributed.optimizer(  # distributed: averaged gradients, scaled rate
-        tf.keras.optimizers.Adam(distributed.scale_learning_rate(args.learning_rate)))
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
-    history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
-                        callbacks=distributed.callbacks(), verbose=distributed.verbose())
+        tf.keras.optimizers.Adam(distributed.scale_learning_rate(args.learning_rate))
+    )
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = model.fit(
+        x,
+        y,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        callbacks=distributed.callbacks(),
+        verbose=distributed.verbose(),
+    )
 
     # distributed: rank 0 writes the model for `serve` (its labels: the digits 0-9).
     distributed.export(model, classes=list(range(int(y.max()) + 1)))

@@ -32,7 +32,8 @@ except Exception as error:  # as the guide does
 process, processes = jax.process_index(), jax.process_count()
 devices = keras.distribution.list_devices()
 keras.distribution.set_distribution(
-    keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
+    keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+)
 print(f"PROCESSES {processes}", flush=True)
 print(f"DEVICES {jax.devices()[0].platform} {len(devices)}", flush=True)
 
@@ -61,22 +62,33 @@ class Throughput(keras.callbacks.Callback):
 
 keras.utils.set_random_seed(1)
 width = args.width
-model = keras.Sequential([
-    keras.Input((32, 32, 3)),
-    keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
-    keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
-    keras.layers.MaxPooling2D(),
-    keras.layers.Conv2D(2 * width, 3, padding="same", activation="relu"),
-    keras.layers.Conv2D(2 * width, 3, padding="same", activation="relu"),
-    keras.layers.GlobalAveragePooling2D(),
-    keras.layers.Dense(10),
-])
-model.compile(optimizer=keras.optimizers.Adam(0.001),
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              metrics=["accuracy"])
+model = keras.Sequential(
+    [
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(2 * width, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(2 * width, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
+    ]
+)
+model.compile(
+    optimizer=keras.optimizers.Adam(0.001),
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    metrics=["accuracy"],
+)
 timer = Throughput()
-model.fit(pictures, labels, batch_size=local_batch, epochs=args.epochs, shuffle=False,
-          verbose=2, callbacks=[timer])
+model.fit(
+    pictures,
+    labels,
+    batch_size=local_batch,
+    epochs=args.epochs,
+    shuffle=False,
+    verbose=2,
+    callbacks=[timer],
+)
 timed = timer.seconds[1:] or timer.seconds
 if process == 0:
     print(f"THROUGHPUT {len(timed) * steps * args.global_batch / sum(timed):.1f}", flush=True)
