@@ -40,8 +40,11 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from job.metadata import METADATA_FILE, ModelLoadError, ModelMetadata
 from job.signature import SIGNATURE, SUPPORTED_KINDS, ModelInterface, TensorSpec, pack_outputs
@@ -50,6 +53,10 @@ from serve.errors import ModelUnavailable
 log = logging.getLogger(__name__)
 
 SAVED_MODEL_FILE = "saved_model.pb"
+
+Feed = dict[str, npt.NDArray[Any]]  # a batch as the model's named inputs
+# A loaded model's call: its output tensors by name (TensorFlow publishes no types for them).
+ModelCall = Callable[[Feed], dict[str, Any]]
 
 
 def _latest_version(folder: Path) -> Path | None:
@@ -92,19 +99,19 @@ def find_saved_model(model_dir: Path, metadata: ModelMetadata | None) -> Path:
     found = _latest_version(model_dir)
     if found:
         return found
-    named = {
+    models = {
         child.name: path
         for child in sorted(model_dir.iterdir())
         if child.is_dir() and (path := _latest_version(child))
     }
-    named |= {
+    models |= {
         child.name: child for child in sorted(model_dir.glob(f"*{KERAS_SUFFIX}")) if child.is_file()
     }
-    if len(named) == 1:
-        return next(iter(named.values()))
-    if named:
+    if len(models) == 1:
+        return next(iter(models.values()))
+    if models:
         raise ModelLoadError(
-            f"{model_dir} holds several models ({', '.join(named)}); keep one, "
+            f"{model_dir} holds several models ({', '.join(models)}); keep one, "
             f"or add a {METADATA_FILE} whose model_path names the one to serve"
         )
     raise ModelLoadError(
@@ -126,7 +133,7 @@ def horovod_op_library() -> Path | None:
     return found[0] if found else None
 
 
-def _register_horovod_ops(tf, path: Path) -> None:
+def _register_horovod_ops(tf: ModuleType, path: Path) -> None:
     """Let TensorFlow load a SavedModel that uses Horovod's own ops.
 
     A script's plain model.save keeps the optimizer, Horovod's DistributedOptimizer, whose
@@ -154,9 +161,7 @@ def _register_horovod_ops(tf, path: Path) -> None:
         tf.load_op_library(str(library))
 
 
-def _flat_call(
-    signature, inputs: tuple[TensorSpec, ...]
-) -> Callable[[dict[str, np.ndarray]], dict] | None:
+def _flat_call(signature: Any, inputs: tuple[TensorSpec, ...]) -> ModelCall | None:
     """The signature's graph function called with its flat tensors, or None if this
     TensorFlow has no such function or it does not answer as the signature does.
 
@@ -177,15 +182,15 @@ def _flat_call(
     import tensorflow as tf
     from tensorflow.python.eager import context, execute
 
-    function = getattr(signature, "_inference_function", None)
-    if not isinstance(getattr(function, "name", None), bytes):
+    graph_name = getattr(getattr(signature, "_inference_function", None), "name", None)
+    if not isinstance(graph_name, bytes):
         return None
-    function_name, ctx = function.name.decode(), context.context()
+    function_name, ctx = graph_name.decode(), context.context()
     captured = list(signature.captured_inputs)
     input_names = tf.nest.flatten({spec.name: spec.name for spec in inputs})
     output_names = tf.nest.flatten({name: name for name in signature.structured_outputs})
 
-    def call(feed: dict[str, np.ndarray]) -> dict:
+    def call(feed: Feed) -> dict[str, Any]:
         tensors = [tf.constant(feed[input_name]) for input_name in input_names]
         flat = execute.execute(function_name, len(output_names), tensors + captured, (), ctx)
         return dict(zip(output_names, flat))
@@ -213,18 +218,46 @@ def _flat_call(
     return call
 
 
-def _spec(name: str, shape, dtype) -> TensorSpec:
-    dtype = np.dtype(dtype.as_numpy_dtype)
-    if dtype.kind not in SUPPORTED_KINDS:
+def _spec(name: str, shape: Any, dtype: Any) -> TensorSpec:
+    """The TensorSpec of an input TensorFlow declares with a tf.TensorShape and a tf.DType."""
+    numpy_dtype = np.dtype(dtype.as_numpy_dtype)
+    if numpy_dtype.kind not in SUPPORTED_KINDS:
         raise ModelLoadError(
-            f"input {name!r} has dtype {dtype}; the server feeds numeric "
+            f"input {name!r} has dtype {numpy_dtype}; the server feeds numeric "
             "inputs only (JSON, CSV and .npy numbers)"
         )
     if shape.rank is None or shape.rank == 0:
         raise ModelLoadError(
             f"input {name!r} has shape {shape}; the server needs a batch dimension first"
         )
-    return TensorSpec(name, tuple(shape.as_list()[1:]), dtype)
+    return TensorSpec(name, tuple(shape.as_list()[1:]), numpy_dtype)
+
+
+# What loading yields: the model's inputs, its output names and the call that runs it.
+_Traced = tuple[tuple[TensorSpec, ...], tuple[str, ...], ModelCall]
+
+
+def _run(call: ModelCall, output_names: tuple[str, ...], feed: Feed) -> npt.NDArray[Any]:
+    outputs = call(feed)
+    return pack_outputs({name: outputs[name].numpy() for name in output_names})
+
+
+def _warm_up(interface: ModelInterface, call: ModelCall) -> None:
+    zeros = {
+        spec.name: np.zeros((1, *[d or 1 for d in spec.shape]), spec.dtype)
+        for spec in interface.inputs
+    }
+    try:
+        outputs = _run(call, interface.outputs, zeros)
+    except Exception as error:  # any failure of the model's own graph
+        raise ModelLoadError(f"the warm-up prediction failed: {error}") from error
+    if interface.classes is not None and (
+        len(interface.outputs) != 1 or outputs.shape != (1, len(interface.classes))
+    ):
+        raise ModelLoadError(
+            f"the model outputs shape {list(outputs.shape[1:])} per instance, but "
+            f"{METADATA_FILE} lists {len(interface.classes)} classes"
+        )
 
 
 class Model:
@@ -233,8 +266,8 @@ class Model:
     def __init__(self, model_dir: Path):
         self.model_dir = model_dir
         self.interface: ModelInterface | None = None
-        self._call: Callable[[dict[str, np.ndarray]], dict] | None = None
-        self._saved_model = None  # kept alive: the signature's variables belong to it
+        self._call: ModelCall | None = None
+        self._saved_model: object = None  # kept alive: the signature's variables belong to it
         self._failure: str | None = None
         self._loaded = threading.Event()
         self._settled = threading.Event()  # the background load ended, loaded or failed
@@ -244,24 +277,33 @@ class Model:
         """True once the model is loaded and has answered its warm-up prediction."""
         return self._loaded.is_set()
 
-    def check_ready(self) -> None:
-        """Raise ModelUnavailable, saying why, unless the model can take requests."""
+    def _unavailable(self) -> ModelUnavailable:
+        """Why the model cannot take requests (yet)."""
         if self._failure is not None:
-            raise ModelUnavailable(f"the model failed to load: {self._failure}")
-        if not self.ready:
-            raise ModelUnavailable("the model is still loading; retry when GET /ping answers 200")
+            return ModelUnavailable(f"the model failed to load: {self._failure}")
+        return ModelUnavailable("the model is still loading; retry when GET /ping answers 200")
 
-    def wait_ready(self, deadline: float) -> None:
+    def check_ready(self) -> ModelInterface:
+        """The model's interface; raise ModelUnavailable, saying why, unless the model can take
+        requests."""
+        interface = self.interface
+        # The load sets the interface before `ready`: it is None here only while not ready.
+        if self._failure is not None or not self.ready or interface is None:
+            raise self._unavailable()
+        return interface
+
+    def wait_ready(self, deadline: float) -> ModelInterface:
         """Like check_ready, but a model still loading gets until `deadline`
         (time.monotonic()) to finish. With several workers, /ping answers 200 from the first
         worker whose model is ready while the others are still loading theirs; a request that
         reaches one of those waits for it rather than failing."""
         if not self.ready and self._failure is None:
             self._settled.wait(max(0.0, deadline - time.monotonic()))
-        self.check_ready()
+        return self.check_ready()
 
-    def load(self) -> None:
-        """Load, trace and warm up the model; raise ModelLoadError saying what is wrong."""
+    def load(self) -> ModelInterface:
+        """Load, trace and warm up the model and return its interface; raise ModelLoadError
+        saying what is wrong."""
         metadata = ModelMetadata.read(self.model_dir)
         path = find_saved_model(self.model_dir, metadata)
         if path.suffix == KERAS_SUFFIX and "keras" not in sys.modules:
@@ -275,9 +317,9 @@ class Model:
         for gpu in tf.config.list_physical_devices("GPU"):
             tf.config.experimental.set_memory_growth(gpu, True)
         if path.suffix == KERAS_SUFFIX:
-            inputs, outputs = self._keras_forward(tf, _load_keras_file(path), metadata)
-            self._finish_load(inputs, outputs, metadata)
-            return
+            return self._finish_load(
+                self._keras_forward(tf, _load_keras_file(path), metadata), metadata
+            )
         try:
             _register_horovod_ops(tf, path)
             loaded = tf.saved_model.load(str(path))
@@ -285,38 +327,34 @@ class Model:
             raise ModelLoadError(f"{path} is not a loadable SavedModel: {error}") from error
         self._saved_model = loaded
         signature = loaded.signatures.get(SIGNATURE)
-        inputs, outputs = (
+        traced = (
             self._from_signature(signature)
             if signature is not None
             else self._from_keras(tf, path, metadata)
         )
-        self._finish_load(inputs, outputs, metadata)
+        return self._finish_load(traced, metadata)
 
-    def _finish_load(
-        self,
-        inputs: tuple[TensorSpec, ...],
-        outputs: tuple[str, ...],
-        metadata: ModelMetadata | None,
-    ) -> None:
-        self.interface = ModelInterface(
+    def _finish_load(self, traced: _Traced, metadata: ModelMetadata | None) -> ModelInterface:
+        inputs, outputs, call = traced
+        interface = ModelInterface(
             inputs=inputs, outputs=outputs, classes=metadata.classes if metadata else None
         )
-        self._warm_up()
+        self.interface, self._call = interface, call
+        _warm_up(interface, call)
         # TensorFlow's Python objects (about half a million) never die; frozen, they leave the
         # collector's full passes, which otherwise stop every request thread for ~200 ms
         # every few seconds under load (the whole p99 at concurrency 64).
         gc.freeze()
         self._loaded.set()
+        return interface
 
-    def _from_signature(self, signature) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+    def _from_signature(self, signature: Any) -> _Traced:
         specs = signature.structured_input_signature[1]
         inputs = tuple(_spec(name, spec.shape, spec.dtype) for name, spec in sorted(specs.items()))
-        self._call = _flat_call(signature, inputs) or (lambda feed: signature(**feed))
-        return inputs, tuple(sorted(signature.structured_outputs))
+        call: ModelCall = _flat_call(signature, inputs) or (lambda feed: signature(**feed))
+        return inputs, tuple(sorted(signature.structured_outputs)), call
 
-    def _from_keras(
-        self, tf, path: Path, metadata: ModelMetadata | None
-    ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+    def _from_keras(self, tf: ModuleType, path: Path, metadata: ModelMetadata | None) -> _Traced:
         """A Keras SavedModel without a serving signature: the Keras model's own inputs."""
         try:
             keras_model = tf.keras.models.load_model(str(path), compile=False)
@@ -328,8 +366,8 @@ class Model:
         return self._keras_forward(tf, keras_model, metadata)
 
     def _keras_forward(
-        self, tf, keras_model, metadata: ModelMetadata | None
-    ) -> tuple[tuple[TensorSpec, ...], tuple[str, ...]]:
+        self, tf: ModuleType, keras_model: Any, metadata: ModelMetadata | None
+    ) -> _Traced:
         """A Keras model's forward pass on its own inputs, traced once (tf.keras or Keras 3 on
         the TensorFlow backend)."""
         if not getattr(keras_model, "inputs", None):
@@ -346,50 +384,22 @@ class Model:
         if len(specs) == 1 and metadata and metadata.input_shape:  # the trainer's own exports
             specs = [tf.TensorSpec((None, *metadata.input_shape), tf.float32, specs[0].name)]
         names = list(keras_model.output_names)
+        arrange = _keras_arguments(keras_model, [s.name for s in specs])
         forward = tf.function(
             lambda feed: dict(
-                zip(
-                    names,
-                    tf.nest.flatten(
-                        keras_model(
-                            [feed[s.name] for s in specs]
-                            if len(specs) > 1
-                            else feed[specs[0].name],
-                            training=False,
-                        )
-                    ),
-                )
+                zip(names, tf.nest.flatten(keras_model(arrange(feed), training=False)))
             ),
             input_signature=[{s.name: s for s in specs}],
         ).get_concrete_function()
-        self._call = forward
-        return tuple(_spec(s.name, s.shape, s.dtype) for s in specs), tuple(names)
+        return tuple(_spec(s.name, s.shape, s.dtype) for s in specs), tuple(names), forward
 
-    def _warm_up(self) -> None:
-        interface = self.interface
-        zeros = {
-            spec.name: np.zeros((1, *[d or 1 for d in spec.shape]), spec.dtype)
-            for spec in interface.inputs
-        }
-        try:
-            outputs = self._run(zeros)
-        except Exception as error:  # any failure of the model's own graph
-            raise ModelLoadError(f"the warm-up prediction failed: {error}") from error
-        if interface.classes is not None and (
-            len(interface.outputs) != 1 or outputs.shape != (1, len(interface.classes))
-        ):
-            raise ModelLoadError(
-                f"the model outputs shape {list(outputs.shape[1:])} per instance, but "
-                f"{METADATA_FILE} lists {len(interface.classes)} classes"
-            )
-
-    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        outputs = self._call(feed)
-        return pack_outputs({name: outputs[name].numpy() for name in self.interface.outputs})
-
-    def predict(self, batch: np.ndarray) -> np.ndarray:
-        """The model's outputs for a validated batch (see job.signature)."""
-        return self._run(self.interface.feed(batch))
+    def predict(self, batch: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """The model's outputs for a validated batch (see job.signature); ModelUnavailable
+        before the model has loaded (the app waits for `ready` first)."""
+        call, interface = self._call, self.interface
+        if call is None or interface is None:
+            raise self._unavailable()
+        return _run(call, interface.outputs, interface.feed(batch))
 
     def load_in_background(self) -> threading.Thread:
         """Start `load()` in a daemon thread; a failure is logged and kept for /ping."""
@@ -400,7 +410,7 @@ class Model:
     def _load_logged(self) -> None:
         log.info("loading the model from %s", self.model_dir)
         try:
-            self.load()
+            interface = self.load()
         except ModelLoadError as error:
             self._failure = str(error)
             log.error("the model cannot be served, /ping stays 503: %s", error)
@@ -408,9 +418,27 @@ class Model:
             self._failure = f"{type(error).__name__}: {error}"
             log.exception("loading the model failed, /ping stays 503")
         else:
-            log.info("model ready: %s", self.interface.describe())
+            log.info("model ready: %s", interface.describe())
         finally:
             self._settled.set()
+
+
+def _keras_arguments(keras_model: Any, names: list[str]) -> Callable[[Feed], Any]:
+    """How a Keras model takes the server's named inputs: one tensor, a list in the order of
+    `names`, or, for a model that declared its inputs as a dict (a KerasHub task's
+    {"token_ids", "padding_mask"}), that dict: Keras 3 refuses a list there ("The structure of
+    `inputs` doesn't match the expected structure")."""
+    try:
+        declared = keras_model.input
+    except (AttributeError, ValueError):  # tf.keras: a layer with several inbound nodes
+        declared = None
+    if isinstance(declared, dict):
+        by_key = {key: tensor.name for key, tensor in declared.items()}
+        if set(by_key.values()) == set(names):
+            return lambda feed: {key: feed[name] for key, name in by_key.items()}
+    if len(names) > 1:
+        return lambda feed: [feed[name] for name in names]
+    return lambda feed: feed[names[0]]
 
 
 def _saved_by(path: Path) -> str:
@@ -424,7 +452,7 @@ def _saved_by(path: Path) -> str:
         ) from error
 
 
-def _load_keras_file(path: Path):
+def _load_keras_file(path: Path) -> Any:
     """A `.keras` file loaded by the image's `keras` on its TensorFlow backend (Model.load
     chose it; a model trained on JAX keeps backend-neutral weights)."""
     saved_by = _saved_by(path)

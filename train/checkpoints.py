@@ -38,24 +38,42 @@ class CheckpointStore:
             shutil.rmtree(torn, ignore_errors=True)
 
     def save(self, checkpoint: tf.train.Checkpoint, epochs_done: int, **state) -> Path:
+        final = self.next_folder(epochs_done)
+        temporary = self.directory / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(temporary, ignore_errors=True)
+        checkpoint.write(str(temporary / "ckpt"))
+        (temporary / STATE).write_text(json.dumps({"epochs_done": epochs_done, **state}))
+        os.replace(temporary, final)
+        self.prune()
+        return final
+
+    def next_folder(self, epochs_done: int) -> Path:
+        """The name the next checkpoint of `epochs_done` epochs takes (the folder made ready):
+        after the copies of this epoch already there, even once older ones were pruned, since
+        a reused lower number would sort as the oldest and be pruned at once."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        # After the copies of this epoch already there, even once older ones were pruned:
-        # a reused lower number would sort as the oldest and be pruned at once.
         copies = [
             order(p)[1]
             for p in self.directory.iterdir()
             if is_checkpoint_name(p.name) and order(p)[0] == epochs_done
         ]
         again = max(copies) + 1 if copies else 0
-        final = self.directory / (f"{PREFIX}{epochs_done:06d}" + (f".{again}" if again else ""))
-        temporary = self.directory / f".tmp-{final.name}-{os.getpid()}"
-        shutil.rmtree(temporary, ignore_errors=True)
-        checkpoint.write(str(temporary / "ckpt"))
-        (temporary / STATE).write_text(json.dumps({"epochs_done": epochs_done, **state}))
-        os.replace(temporary, final)
-        for old in complete(self.directory)[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        return self.directory / (f"{PREFIX}{epochs_done:06d}" + (f".{again}" if again else ""))
+
+    def confirm(self, folder: Path, epochs_done: int, **state) -> None:
+        """Write the state of a checkpoint whose variables are in `folder` already (a sharded
+        checkpoint, written by every process into its own host's folder): written aside and
+        renamed, it makes the folder count (job.checkpoint_folders.complete)."""
+        partial = folder / f".{STATE}.partial"
+        partial.write_text(json.dumps({"epochs_done": epochs_done, **state}))
+        os.replace(partial, folder / STATE)
+
+    def prune(self) -> list[str]:
+        """Remove all but the `keep` newest complete checkpoints; the names removed."""
+        old = complete(self.directory)[: -self.keep]
+        for folder in old:
+            shutil.rmtree(folder, ignore_errors=True)
+        return [folder.name for folder in old]
 
     def resume(
         self, checkpoint: tf.train.Checkpoint, log: Callable[[str], None]
@@ -71,7 +89,8 @@ class CheckpointStore:
 
 class ArrayCheckpoint:
     """tf.train.Checkpoint's write and read for Keras 3 on JAX, whose variables TensorFlow's
-    checkpoint cannot hold: this process's copy of every variable (train.sync.local_value),
+    checkpoint cannot hold: the whole of every variable (train.sync.gathered_value: with a
+    model split across processes gathered, so every process writes, Sync.saves_on_every_rank),
     in their fixed order, in one .npz. `read` checks the count and shapes and keeps the
     values in `loaded` without assigning them: JAX assigns a variable that spans processes
     only in step with every process (it checks that they all assign the same value), and rank
@@ -82,10 +101,10 @@ class ArrayCheckpoint:
         self.loaded: list[np.ndarray] | None = None
 
     def write(self, prefix: str) -> None:
-        from train.sync import local_value
+        from train.sync import gathered_value
 
         Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-        np.savez(f"{prefix}.npz", *[local_value(v) for v in self.variables])
+        np.savez(f"{prefix}.npz", *[gathered_value(v) for v in self.variables])
 
     def read(self, prefix: str) -> ArrayCheckpoint:
         with np.load(f"{prefix}.npz") as arrays:

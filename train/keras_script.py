@@ -22,6 +22,10 @@ script's `import keras` finishes, `patch` changes three things, each said in the
 - **No torn files** (any backend): `model.save` and `save_weights` to a local file write
   `.<pid>.partial.<name>` beside it and rename it on success; a failed save leaves nothing
   (Keras leaves a 3 KB broken `.keras` when a variable cannot be read).
+
+Before that, once the script imports JAX (itself, or through Keras), `jax.distributed.initialize`
+takes the launcher's heartbeat timeout, longer than its watchdog's, unless the script passes
+its own (train.jax_heartbeat): keras.distribution.initialize() passes none.
 """
 
 from __future__ import annotations
@@ -37,20 +41,25 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from job.errors import ConfigError
-from train import layouts
-
-
-class ModelTooLarge(ConfigError):
-    """What a save or get_weights must hold at once does not fit some host's memory."""
+from train import jax_heartbeat, layouts
+from train.jax_arrays import ModelTooLarge as ModelTooLarge  # what a script may catch
+from train.jax_arrays import agree_fits, gib, nbytes, spans_processes
 
 
 def install() -> None:
-    """Patch Keras 3 now if the script's process already imported it, else when it does."""
-    if "keras" in sys.modules:
-        patch(sys.modules["keras"])
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport("keras", patch))
+    """Patch JAX and Keras 3 now where the script's process already imported them, else once
+    it imports them."""
+    for name, callback in (("jax", _lengthen_heartbeat), ("keras", patch)):
+        if name in sys.modules:
+            callback(sys.modules[name])
+        elif not any(
+            isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path
+        ):
+            sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _lengthen_heartbeat(jax: Any) -> None:
+    jax_heartbeat.lengthen(jax, say)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -157,96 +166,12 @@ def _patch_layouts(keras: Any) -> None:
 _local = threading.local()  # .call: the save or get_weights under way in this thread
 
 
-def whole_in_every_process(indices_by_process: Mapping[int, set], processes: int) -> bool:
-    """Whether each of `processes` holds every distinct piece of an array among its own
-    devices (`indices_by_process`: process -> the pieces its devices hold), so that each reads
-    it whole without a collective (JAX's own rule, applied to every process alike)."""
-    pieces = set().union(*indices_by_process.values()) if indices_by_process else set()
-    return all(indices_by_process.get(process, set()) == pieces for process in range(processes))
-
-
-def spans_processes(array: Any) -> bool:
-    """Whether reading this JAX array whole needs the other processes (the same answer on
-    every process, from the sharding that all of them share)."""
-    import jax
-
-    if not isinstance(array, jax.Array) or array.is_fully_addressable:
-        return False
-    by_process: dict[int, set] = {}
-    for device, index in array.sharding.devices_indices_map(array.shape).items():
-        piece = tuple((s.start, s.stop, s.step) for s in index)
-        by_process.setdefault(device.process_index, set()).add(piece)
-    return not whole_in_every_process(by_process, jax.process_count())
-
-
-def available_memory(meminfo: str, cgroup_max: str | None, cgroup_stat: str | None) -> int:
-    """Bytes this host can still give a process: MemAvailable, or less where a cgroup (the
-    container's memory limit) allows less: its limit less its anonymous memory (its page
-    cache counts in memory.current but is given back on demand, as MemAvailable counts it)."""
-    available = next(
-        (
-            int(line.split()[1]) * 1024
-            for line in meminfo.splitlines()
-            if line.startswith("MemAvailable:")
-        ),
-        0,
-    )
-    anonymous = next(
-        (
-            int(line.split()[1])
-            for line in (cgroup_stat or "").splitlines()
-            if line.startswith("anon ")
-        ),
-        None,
-    )
-    if cgroup_max and cgroup_max.strip().isdigit() and anonymous is not None:
-        available = min(available, int(cgroup_max) - anonymous)
-    return max(available, 0)
-
-
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None
-
-
-def host_memory() -> int:
-    return available_memory(
-        _read("/proc/meminfo") or "",
-        _read("/sys/fs/cgroup/memory.max"),
-        _read("/sys/fs/cgroup/memory.stat"),
-    )
-
-
-def gib(count: int) -> str:
-    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
-
-
-def too_large(call: str, need: int, hosts: list[tuple[int, int]]) -> str | None:
-    """Why `call` cannot hold `need` bytes at once, given each process's (index, bytes
-    available) on its host; None when every one can."""
-    short = [(process, free) for process, free in hosts if free < need]
-    if not short:
-        return None
-    process, free = short[0]
-    what = "the model's weights" if call == "get_weights" else "its largest variable"
-    return (
-        f"{call} gathers {what} ({gib(need)}) onto every process, but process {process}'s "
-        f"host has {gib(free)} of memory free. Save the model sharded instead, each "
-        "process writing its own shards (for each variable, "
-        "`variable.value.addressable_shards`: each shard's `.index` and `.data`), or give "
-        "each host more memory"
-    )
-
-
-def _nbytes(variable: Any) -> int:
-    import numpy as np
-
-    size = 1
-    for dimension in variable.shape:
-        size *= int(dimension)
-    return size * np.dtype(variable.dtype).itemsize
+# What a script does instead when a gathered save cannot fit (train.jax_arrays.too_large).
+SAVE_SHARDED = (
+    "Save the model sharded instead, each process writing its own shards (for each "
+    "variable, `variable.value.addressable_shards`: each shard's `.index` and `.data`), or "
+    "give each host more memory"
+)
 
 
 def _variables(model: Any, call: str) -> list:
@@ -272,22 +197,16 @@ def gathering(model: Any, call: str) -> Iterator[None]:
         yield
         return
     import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
 
-    sizes = [_nbytes(v) for v in (variables if call == "get_weights" else spanning)]
+    sizes = [nbytes(v) for v in (variables if call == "get_weights" else spanning)]
     need = sum(sizes) if call == "get_weights" else max(sizes)
-    # In MiB, as int32: JAX without x64 (its default) turns an int64 into an int32, and
-    # bytes above 2 GiB wrapped round to negative numbers (measured).
-    free = multihost_utils.process_allgather(np.array([host_memory() >> 20], dtype=np.int32))
-    reason = too_large(call, need, [(p, int(f) << 20) for p, f in enumerate(np.ravel(free))])
-    if reason:
-        raise ModelTooLarge(reason)
+    what = "the model's weights" if call == "get_weights" else "its largest variable"
+    agree_fits(call, what, need, SAVE_SHARDED)
     if call not in _said:
         _said.add(call)
         say(
             f"{call} gathers the shards of {len(spanning)} variables "
-            f"({gib(sum(_nbytes(v) for v in spanning))}) from {jax.process_count()} processes "
+            f"({gib(sum(nbytes(v) for v in spanning))}) from {jax.process_count()} processes "
             "onto every process, so that process 0 holds the whole model; every process must "
             f"call {call} (train.keras_script)"
         )

@@ -201,17 +201,21 @@ def _auto_class() -> type:
     return AutoModelParallel
 
 
-def check(model: Any, distribution: Any, said: set[str]) -> list[str]:
+def check(
+    model: Any, distribution: Any, said: set[str], paths: Iterable[str] | None = None
+) -> list[str]:
     """What to warn of for `model`, about to train under `distribution`: each layout key that
-    matched none of the paths Keras looked up (keys in `said` are not repeated; they are
-    added), and a model parallel run that split none of the model's trainable variables.
-    Empty for any other distribution. Needs keras and jax (both imported by then)."""
+    matched none of the `paths` (by default those Keras looked up, which train.keras_script
+    records; the built-in trainer passes its model's variable paths) (keys in `said` are not
+    repeated; they are added), and a model parallel run that split none of the model's
+    trainable variables. Empty for any other distribution. Needs keras and jax (both imported
+    by then)."""
     from keras.distribution import ModelParallel
 
     if not isinstance(distribution, ModelParallel):
         return []
     layout_map = distribution._layout_map
-    looked_up = sorted(getattr(layout_map, LOOKED_UP, ()))
+    looked_up = sorted(getattr(layout_map, LOOKED_UP, ()) if paths is None else paths)
     texts = [
         unmatched_message(key, looked_up)
         for key in unmatched_keys(list(layout_map), looked_up)
@@ -227,6 +231,39 @@ def check(model: Any, distribution: Any, said: set[str]) -> list[str]:
         model.name, specs, dict(zip(mesh.axis_names, mesh.shape)), distribution.batch_dim_name
     )
     return texts + ([whole.message()] if whole else [])
+
+
+def quantity(count: float) -> str:
+    """12600000 -> '12.6M': a count as people read it."""
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= size:
+            return f"{count / size:.1f}{suffix}"
+    return f"{count:.0f}"
+
+
+def megabytes(count: float) -> str:
+    """Bytes in MB (kB below one MB: a small model's would read 0.0 MB)."""
+    return f"{count / 1e6:.1f} MB" if count >= 1e6 else f"{count / 1e3:.1f} kB"
+
+
+def footprint(
+    variables: Iterable[tuple[Sequence[int], int, Spec]], mesh_shape: Mapping[str, int], axis: str
+) -> str:
+    """The log's line of what a model weighs, whole and on each device, from each variable's
+    (shape, bytes per element, partition spec): "12.6M parameters, 50.4 MB; 6.3 MB per device
+    over a model axis of 8"."""
+    parameters = total = per_device = 0.0
+    for shape, itemsize, spec in variables:
+        count = 1
+        for dimension in shape:
+            count *= int(dimension)
+        parameters += count
+        total += count * itemsize
+        per_device += count * itemsize / sharded_over(spec, mesh_shape)
+    return (
+        f"{quantity(parameters)} parameters, {megabytes(total)}; {megabytes(per_device)} per "
+        f"device over a model axis of {mesh_shape.get(axis, 1)}"
+    )
 
 
 # The attribute train.keras_script sets on a LayoutMap: the paths its lookups were asked for.

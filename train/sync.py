@@ -18,18 +18,26 @@ the tensors:
   computed over the global batch by JAX's collectives, so every variable stays replicated and
   nothing is averaged by hand; each process feeds its own share of the data
   (auto_shard_dataset off), and reads of a variable take this process's copy (a read of the
-  global array would be a collective every process must join).
+  global array would be a collective every process must join). With `model_parallel` M > 1
+  the devices form a data x model mesh (job.mesh): Keras's ModelParallel splits each kernel
+  and embedding over the model axis (the model's own get_layout_map decides first, where it
+  has one; train.layouts.auto_model_parallel the rest), the batch over the data axis; the
+  processes a model axis spans read the same input (`data_group`), and a read of a variable
+  split over several processes' devices is a collective every process joins
+  (train.jax_arrays), so every process takes part in checkpoints and the export.
 Only the Horovod class imports Horovod: the TensorFlow 2.21 image has none.
 
 `Sync` is the contract, in one place: every method the trainer calls, each saying what it must
 do. A stack is a subclass that implements all of them (a type checker, and Python when the class
-is instantiated, name a missing one), so another stack, say a JAX mesh of data x model, is one
-more class and one more branch in `synchronise`, not conditions in the trainer.
+is instantiated, name a missing one), so another stack is one more class and one more branch in
+`synchronise`, not conditions in the trainer; a mesh of data x model is KerasOnJax's
+`model_parallel` (its distribution, `data_group` and `saves_on_every_rank`), not a fourth copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -38,7 +46,13 @@ import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
+from job.errors import ConfigError
+from job.mesh import Mesh
 from job.trainer_config import JAX
+from train import jax_arrays, jax_heartbeat
+from train.jax_arrays import agree_fits, local_whole, nbytes, whole_value
+from train.layouts import auto_model_parallel
+from train.rank import emit
 
 # The Keras classes of whichever Keras train.framework picked: tf.keras's (Horovod, MWMS) or
 # Keras 3's (JAX); two class trees that no single annotation names.
@@ -60,9 +74,12 @@ class Sync(ABC):
 
     name: ClassVar[str]  # for the log: "2 rank(s) ...; TensorFlow 2.15.1, Horovod"
     # Whether every rank must take part in writing a checkpoint (only rank 0's copy is kept).
-    saves_on_every_rank: ClassVar[bool]
+    saves_on_every_rank: bool
     rank: int  # this process's rank, 0 to size - 1; rank 0 is the leader
     size: int  # ranks in the job
+    # Ranks that read the same input (a model split across them): rank r reads share
+    # r // data_group of size // data_group. 1 on every stack but a model axis across processes.
+    data_group: int = 1
 
     @abstractmethod
     def scope(self) -> contextlib.AbstractContextManager[Any]:
@@ -329,20 +346,64 @@ class KerasOnJax(OverMpi, Sync):
     name = "Keras 3 on JAX (keras.distribution)"
     saves_on_every_rank = False
 
-    def __init__(self) -> None:
+    def __init__(
+        self, model_parallel: int = 1, layout_map_of: Callable[[Any], Any] | None = None
+    ) -> None:
+        """`model_parallel`: the mesh's model axis (1: data parallelism); `layout_map_of`: the
+        model's own `get_layout_map(mesh)`, if it has one."""
+        import jax
         import keras
 
+        # JAX's heartbeat longer than the watchdog's, so that the watchdog names a frozen process
+        jax_heartbeat.lengthen(jax, lambda text: emit(f"trainer: {text}"))
         keras.distribution.initialize()  # every process of the job, from the launcher's plan
+        self.mesh = Mesh(jax.process_count(), jax.local_device_count(), model_parallel)
+        problem = self.mesh.problem()
+        if problem:
+            raise ConfigError(f"{problem} (JAX found {jax.local_device_count()} per process)")
+        self.layout_map_of = layout_map_of
+        self.data_group = self.mesh.group
+        # A model axis across processes: a variable is read whole only by all of them.
+        self.saves_on_every_rank = self.mesh.group > 1
         keras.distribution.set_distribution(self.distribution())
         super().__init__()
 
     def distribution(self) -> Any:
         """How Keras lays every step over the job's devices (after `initialize`, which finds
         them): the global batch sharded over every process's devices, every variable
-        replicated. Another layout (a data x model mesh) is a subclass's answer here."""
+        replicated; with a model axis, the data x model mesh in JAX's device order (a model
+        axis no larger than a process's devices stays inside it), each kernel and embedding
+        split over the model axis and the batch over the data axis."""
         import keras
 
-        return keras.distribution.DataParallel(auto_shard_dataset=False)
+        if self.mesh.model_parallel == 1:
+            return keras.distribution.DataParallel(auto_shard_dataset=False)
+        mesh = keras.distribution.DeviceMesh(
+            (self.mesh.replicas, self.mesh.model_parallel),
+            [BATCH_AXIS, MODEL_AXIS],
+            keras.distribution.list_devices(),
+        )
+        return auto_model_parallel(
+            mesh,
+            model_dim_name=MODEL_AXIS,
+            layout_map=self.layout_map_of(mesh) if self.layout_map_of else None,
+            batch_dim_name=BATCH_AXIS,
+            auto_shard_dataset=False,
+        )
+
+    def broadcast_variables(
+        self, variables: list[Variable], loaded: list[np.ndarray] | None = None
+    ) -> None:
+        """With a model axis every variable is one array over the whole mesh, which every
+        process built alike from the seed `keras.distribution.initialize` agreed (JAX checks
+        it): only values `loaded` from a checkpoint travel, whole, and every process assigns
+        them (each keeps its own pieces)."""
+        if self.mesh.model_parallel == 1:
+            super().broadcast_variables(variables, loaded)
+            return
+        values = self.comm.bcast(loaded if self.rank == 0 else None, root=0)
+        for variable, value in zip(variables, values or ()):
+            variable.assign(value)
 
     def scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
@@ -379,31 +440,79 @@ class KerasOnJax(OverMpi, Sync):
 
     def plain(self, model: Model, builder: Callable[[], Model]) -> Model:
         """The trained model outside the distribution (for rank 0's export alone): a new
-        model from `builder` with this process's copy of the weights."""
+        model from `builder` with the whole weights (with a model axis across processes
+        gathered by every process, once each host agreed that they fit its memory)."""
         import keras
 
-        weights = [local_value(weight) for weight in model.weights]
+        if self.saves_on_every_rank:
+            agree_fits(
+                "the export",
+                "the model's weights",
+                sum(nbytes(weight) for weight in model.weights),
+                EXPORT_INSTEAD,
+            )
+        weights = [gathered_value(weight) for weight in model.weights]
         keras.distribution.set_distribution(None)
         copy = builder()
         copy.set_weights(weights)
         return copy
 
 
+# What a job whose model cannot be gathered onto one host does instead.
+EXPORT_INSTEAD = (
+    "The checkpoints in the checkpoint folder hold the trained model; give each host more "
+    "memory (a larger instance type) to export it whole"
+)
+BATCH_AXIS, MODEL_AXIS = "batch", "model"  # the mesh's axes (train.layouts shards "model")
+
+
 def local_value(variable: Variable) -> np.ndarray:
     """This process's own copy of a variable, without a read across workers or processes:
-    MWMS's first replica, a JAX array's first local shard (Keras 3), or the variable."""
+    MWMS's first replica, a Keras 3 variable whole from this process's devices' pieces
+    (RuntimeError where it is split over other processes' devices too: see
+    `gathered_value`), or the variable."""
     value = getattr(variable, "values", (variable,))[0]
     array = getattr(value, "value", value)  # a Keras 3 variable's JAX array
-    if hasattr(array, "addressable_data"):
-        return np.asarray(array.addressable_data(0))
+    if hasattr(array, "addressable_data"):  # a method: hasattr computes no shards
+        return local_whole(array)
     return value.numpy()
 
 
+def gathered_value(variable: Variable) -> np.ndarray:
+    """A variable's whole value: `local_value`, except that a Keras 3 variable split over
+    several processes' devices is gathered, a collective every process joins in the same
+    order (Sync.saves_on_every_rank is true on such a job)."""
+    array = getattr(variable, "value", None)
+    if hasattr(array, "addressable_data"):  # a Keras 3 variable's JAX array
+        return whole_value(array)  # gathered only where it spans processes
+    return local_value(variable)
+
+
+def shard_digests(variables: list[Variable]) -> dict[tuple[int, Any], str]:
+    """(variable index, piece) -> digest of each piece of `variables` this process holds (the
+    whole of a variable held whole): ranks holding the same piece must agree on it."""
+    digests: dict[tuple[int, Any], str] = {}
+    for index, variable in enumerate(variables):
+        array = getattr(variable, "value", None)
+        if array is not None and hasattr(array, "addressable_data"):
+            pieces = jax_arrays.shard_digests(array)
+        else:
+            data = np.ascontiguousarray(local_value(variable))
+            pieces = {"whole": hashlib.sha256(data.tobytes()).hexdigest()}
+        digests.update({(index, place): digest for place, digest in pieces.items()})
+    return digests
+
+
 def synchronise(
-    backend: str, tf_workers: tuple[str, ...], local_size: int, fp16_allreduce: bool
+    backend: str,
+    tf_workers: tuple[str, ...],
+    local_size: int,
+    fp16_allreduce: bool,
+    model_parallel: int = 1,
+    layout_map_of: Callable[[Any], Any] | None = None,
 ) -> Sync:
-    """The stack the launcher planned: Keras 3 on JAX for backend=jax, else MWMS when it
-    planned `tf_workers`, else Horovod."""
+    """The stack the launcher planned: Keras 3 on JAX for backend=jax (over a data x model
+    mesh with `model_parallel` > 1), else MWMS when it planned `tf_workers`, else Horovod."""
     if backend == JAX:
-        return KerasOnJax()
+        return KerasOnJax(model_parallel, layout_map_of)
     return Mirrored(local_size) if tf_workers else Horovod(fp16_allreduce)

@@ -12,7 +12,6 @@ the model; every rank computes.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import shutil
@@ -34,6 +33,7 @@ from job.rank_job import DATA_SERVICE_ENV
 from job.sagemaker_config import Channel, read_channels
 from job.tracking import FLUSH_SECONDS, WARNING_FILE, RunLogger
 from job.trainer_config import TrainerConfig
+from train import jax_arrays, layouts
 from train.agreement import Cadence
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
 from train.checkpoints import ArrayCheckpoint, CheckpointStore, loaded_values, variables_checkpoint
@@ -56,7 +56,7 @@ from train.position import JobPosition, stream_start
 from train.rank import RankContext, StopRequest, emit
 from train.schedule import WarmupSchedule
 from train.sharding import assign, readers
-from train.sync import Sync, local_value, synchronise
+from train.sync import MODEL_AXIS, Sync, local_value, shard_digests, synchronise
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,12 @@ class Trainer:
     def leader(self) -> bool:
         return self.context.is_leader
 
+    @property
+    def reader(self) -> int:
+        """Which share of the input this rank reads (ranks a model is split across read the
+        same one: Sync.data_group), and the seed of its shuffling."""
+        return self.context.rank // self.sync.data_group
+
     def say(self, message: str) -> None:
         if self.leader:
             emit(f"trainer: {message}")
@@ -87,20 +93,32 @@ class Trainer:
 
 
 def open_share(
-    context: RankContext, config: TrainerConfig, channel: Channel, whole: bool = False
+    context: RankContext,
+    config: TrainerConfig,
+    channel: Channel,
+    whole: bool = False,
+    group: int = 1,
 ) -> Source:
     """This rank's files or records of a channel (all of it when `whole`).
 
-    # distributed: split by global rank (FullyReplicated) or by local rank (ShardedByS3Key).
+    # distributed: split by global rank (FullyReplicated) or by local rank (ShardedByS3Key);
+    # the `group` ranks a model is split across (Sync.data_group) read the same share.
     """
+    if group > 1 and channel.sharded_by_host and not whole:
+        raise ConfigError(
+            f"channel {channel.name} is ShardedByS3Key, so each host holds different data, "
+            f"but model_parallel splits the model across {group} processes on different "
+            "hosts, which must read the same data; use FullyReplicated, or a model_parallel "
+            "no larger than each host's devices"
+        )
     files = list_channel(channel.name, context.paths.channel(channel.name), channel.content_type)
     reader, count = (
         (0, 1)
         if whole
         else readers(
             by_host=channel.sharded_by_host,
-            rank=context.rank,
-            world_size=context.world_size,
+            rank=context.rank // group,
+            world_size=context.world_size // group,
             local_rank=context.local_rank,
             local_size=context.local_size,
         )
@@ -114,7 +132,8 @@ def count_train(
     """(samples on all ranks, samples in this rank's share, sorted classes, sample shape),
     from the counting pass.
 
-    # distributed: every rank counts its own share; all ranks get the same totals.
+    # distributed: every rank counts its own share; all ranks get the same totals (a share
+    # that `data_group` ranks read together counts once).
     """
     count, labels = source.labels()
     shares = sync.allgather_object((count, sorted(labels), tuple(source.shape)), name="train_share")
@@ -137,7 +156,8 @@ def count_train(
             f"channel {channel.name}: every label is {classes}; a classifier "
             f"needs at least two classes"
         )
-    return sum(share[0] for share in shares), count, classes, shapes.pop()
+    total = sum(share[0] for share in shares[:: sync.data_group])
+    return total, count, classes, shapes.pop()
 
 
 def feature_statistics(sync: Sync, source: Source, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,11 +173,11 @@ def feature_statistics(sync: Sync, source: Source, seed: int) -> tuple[np.ndarra
 
 
 def validation_source(
-    context: RankContext, config: TrainerConfig, channel: Channel, classes: list[Any]
+    context: RankContext, config: TrainerConfig, channel: Channel, classes: list[Any], group: int
 ) -> tuple[Source, int]:
     """(this rank's share of the validation channel, or all of it when the share is empty;
     its samples)."""
-    source = open_share(context, config, channel)
+    source = open_share(context, config, channel, group=group)
     count, labels = source.labels()
     if not count:
         source = open_share(context, config, channel, whole=True)
@@ -194,13 +214,6 @@ def compile_for_training(
     return stepper, compiled
 
 
-def weights_digest(model: keras.Model) -> str:
-    digest = hashlib.sha256()
-    for weight in model.weights:
-        digest.update(np.ascontiguousarray(local_value(weight)).tobytes())
-    return digest.hexdigest()
-
-
 def average_batch_statistics(sync: Sync, model: keras.Model) -> None:
     """# distributed: batch normalisation's moving statistics are not trained, each rank keeps
     its own from its own batches; the exported model gets their average over ranks."""
@@ -208,13 +221,18 @@ def average_batch_statistics(sync: Sync, model: keras.Model) -> None:
 
 
 def verify_identical_weights(sync: Sync, model: keras.Model) -> None:
-    """# distributed: every rank must end with the same model, or averaging silently broke."""
-    digests = sync.allgather_object(weights_digest(model), name="weights_digest")
-    if len(set(digests)) > 1:
+    """# distributed: every rank must end with the same model, or averaging silently broke:
+    each piece of a weight (the whole weight, unless a model axis splits it) equal on every
+    rank that holds it."""
+    by_rank = sync.allgather_object(shard_digests(model.weights), name="weights_digest")
+    differing = jax_arrays.differing_pieces(by_rank)
+    if differing:
+        place, digests = next(iter(differing.items()))
         raise RuntimeError(
             "model weights differ between ranks after training, so gradients were not "
-            f"averaged (digests {', '.join(d[:12] for d in digests)}); check the "
-            "TensorFlow/Horovod versions (Keras 3 breaks Horovod's DistributedOptimizer)"
+            f"averaged ({len(differing)} piece(s) differ; weight {place[0]}'s digests "
+            f"{', '.join(d[:12] for d in digests)}); check the TensorFlow/Horovod versions "
+            "(Keras 3 breaks Horovod's DistributedOptimizer)"
         )
 
 
@@ -259,10 +277,17 @@ def connect(
     tracking: RunLogger | None,
 ) -> Trainer:
     """The ranks joined in the stack the launcher planned, numbered as it numbered them."""
-    sync = synchronise(config.backend, tf_workers, context.local_size, config.fp16_allreduce)
-    if sync.size != plan.world_size:
+    sync = synchronise(
+        config.backend,
+        tf_workers,
+        context.local_size,
+        config.fp16_allreduce,
+        config.model_parallel,
+        getattr(BUILDERS[config.model], "get_layout_map", None),  # a model's own layout
+    )
+    if sync.size != context.world_size:
         raise PlatformError(
-            f"{sync.name} sees {sync.size} ranks but the launcher planned {plan.world_size}"
+            f"{sync.name} sees {sync.size} ranks but the launcher started {context.world_size}"
         )
     if sync.rank != context.rank:
         raise PlatformError(
@@ -303,10 +328,10 @@ def prepare_data(trainer: Trainer) -> Data:
     paths = context.paths
     channels = read_channels(paths.input_data_config, paths.data_dir)
     train_channel = channels.get("train", Channel("train"))
-    train_source = open_share(context, config, train_channel)
+    train_source = open_share(context, config, train_channel, group=sync.data_group)
     total, share, classes, shape = count_train(sync, train_source, train_channel, context)
     with naming_bad_records([train_source]):
-        mean, variance = feature_statistics(sync, train_source, config.seed + context.rank)
+        mean, variance = feature_statistics(sync, train_source, config.seed + trainer.reader)
     steps_per_epoch = max(1, math.ceil(total / plan.global_batch))
     trainer.say(
         f"{total} training samples, {len(classes)} classes, sample shape {shape}; "
@@ -318,7 +343,11 @@ def prepare_data(trainer: Trainer) -> Data:
     validation, validation_steps, sources = None, None, [train_source]
     if "validation" in channels or paths.channel("validation").is_dir():
         source, count = validation_source(
-            context, config, channels.get("validation", Channel("validation")), classes
+            context,
+            config,
+            channels.get("validation", Channel("validation")),
+            classes,
+            sync.data_group,
         )
         validation, validation_steps = sync.evaluation(
             evaluation_input(source, lookup, plan.micro_batch), count, plan.micro_batch
@@ -376,6 +405,7 @@ def build_and_compile(trainer: Trainer, data: Data) -> Built:
         )
         stepper, optimizer = compile_for_training(trainer.sync, model, config, plan, schedule)
         optimizer.build(model.trainable_variables)
+    say_layout(trainer, model)
     return Built(
         model,
         stepper,
@@ -385,6 +415,39 @@ def build_and_compile(trainer: Trainer, data: Data) -> Built:
         variables_checkpoint(model, optimizer, arrays=ON_JAX),
         CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints),
     )
+
+
+def say_layout(trainer: Trainer, model: keras.Model) -> None:
+    """On Keras 3 / JAX: what the model weighs whole and on each device, and with a model axis
+    how many weights it split (its kernels must be: a layout that split none is warned of, as
+    in script mode, train.layouts.check)."""
+    if not ON_JAX:
+        return
+    distribution = keras.distribution.distribution()
+    mesh = getattr(distribution, "device_mesh", None)
+    shape = dict(zip(mesh.axis_names, mesh.shape)) if mesh is not None else {}
+    specs = {
+        weight.path: tuple(getattr(weight.value.sharding, "spec", ())) for weight in model.weights
+    }
+    trainer.say(
+        layouts.footprint(
+            (
+                (weight.shape, np.dtype(weight.dtype).itemsize, specs[weight.path])
+                for weight in model.weights
+            ),
+            shape,
+            MODEL_AXIS,
+        )
+    )
+    if trainer.config.model_parallel == 1:
+        return
+    split = [path for path, spec in specs.items() if layouts.sharded_over(spec, shape) > 1]
+    trainer.say(
+        f"model axis of {trainer.config.model_parallel}: {len(split)} of {len(specs)} weights "
+        f"split" + (f" ({split[0]!r} {specs[split[0]]})" if split else "")
+    )
+    for text in layouts.check(model, distribution, set(), [w.path for w in model.variables]):
+        trainer.say(f"WARNING: {text}")
 
 
 def resume(
@@ -563,9 +626,9 @@ def fit_epochs(
         data.lookup,
         plan.per_device_batch // standing.batches_per_step,
         config,
-        config.seed + trainer.context.rank,
+        config.seed + trainer.reader,
         augment=config.augment and len(data.shape) == 3,
-        start=stream_start(now.samples_done, plan.world_size, data.share),
+        start=stream_start(now.samples_done, plan.world_size, data.share),  # per reader
     )
     built.stepper.fit(
         trainer.sync.distribute(served(stream, service) if service else stream),

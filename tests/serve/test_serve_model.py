@@ -14,6 +14,7 @@ from serve_testing import INSTANCES, METADATA, app_for, expected_probabilities
 
 from job.metadata import ModelLoadError, ModelMetadata
 from serve.config import ServeConfig
+from serve.errors import ModelUnavailable
 from serve.model import Model, _flat_call
 
 
@@ -130,6 +131,18 @@ def test_metadata_problems_are_found_before_tensorflow_is_imported(tmp_path):
     ).stdout.splitlines()
     assert output[0].startswith("no model to serve:")
     assert output[1] == "False"
+
+
+def test_predict_before_the_model_has_loaded_says_why(tmp_path):
+    """A caller that does not wait for `ready` is told what /ping would say (503), while the
+    model loads and after it failed, rather than failing on the interface it does not have."""
+    model = Model(tmp_path / "model")
+    batch = np.zeros((1, 4), np.float32)
+    with pytest.raises(ModelUnavailable, match="^the model is still loading; retry when"):
+        model.predict(batch)
+    model.load_in_background().join()
+    with pytest.raises(ModelUnavailable, match="^the model failed to load: no model to serve"):
+        model.predict(batch)
 
 
 def test_a_model_that_is_not_a_classifier_returns_its_outputs(model_dir):

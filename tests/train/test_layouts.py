@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from train import keras_script, layouts
+from train import jax_arrays, keras_script, layouts
 
 GUIDE_PATHS = [
     "sequential/flatten/output",
@@ -90,9 +90,9 @@ def test_auto_axes_split_nothing_over_a_model_axis_of_one():
 def test_only_an_array_some_process_cannot_read_whole_is_gathered():
     halves = {0: {"left"}, 1: {"right"}}  # mesh 1x4 over 2 processes
     rows = {0: {"left", "right"}, 1: {"left", "right"}}  # mesh 2x2: each process a row
-    assert not keras_script.whole_in_every_process(halves, 2)
-    assert keras_script.whole_in_every_process(rows, 2)
-    assert not keras_script.whole_in_every_process({0: {"left", "right"}}, 2)
+    assert not jax_arrays.whole_in_every_process(halves, 2)
+    assert jax_arrays.whole_in_every_process(rows, 2)
+    assert not jax_arrays.whole_in_every_process({0: {"left", "right"}}, 2)
 
 
 def test_available_memory_is_the_smaller_of_the_host_and_the_container_limit():
@@ -100,15 +100,17 @@ def test_available_memory_is_the_smaller_of_the_host_and_the_container_limit():
     against its limit."""
     meminfo = "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n"
     stat = "anon 1000000000\nfile 5000000000\n"
-    assert keras_script.available_memory(meminfo, None, None) == 4_096_000_000
-    assert keras_script.available_memory(meminfo, "max\n", stat) == 4_096_000_000
-    assert keras_script.available_memory(meminfo, "3000000000\n", stat) == 2 * 10**9
-    assert keras_script.available_memory(meminfo, "500000000\n", stat) == 0
+    assert jax_arrays.available_memory(meminfo, None, None) == 4_096_000_000
+    assert jax_arrays.available_memory(meminfo, "max\n", stat) == 4_096_000_000
+    assert jax_arrays.available_memory(meminfo, "3000000000\n", stat) == 2 * 10**9
+    assert jax_arrays.available_memory(meminfo, "500000000\n", stat) == 0
 
 
 def test_a_call_that_cannot_fit_a_host_says_what_to_call_instead():
-    assert keras_script.too_large("model.save", 2**30, [(0, 2**32), (1, 2**31)]) is None
-    said = keras_script.too_large("get_weights", 3 * 2**30, [(0, 2**32), (1, 2**31)])
+    hosts = [(0, 2**32), (1, 2**31)]
+    instead = keras_script.SAVE_SHARDED
+    assert jax_arrays.too_large("model.save", "its largest variable", 2**30, hosts, instead) is None
+    said = jax_arrays.too_large("get_weights", "the model's weights", 3 * 2**30, hosts, instead)
     assert said.startswith(
         "get_weights gathers the model's weights (3.0 GiB) onto every "
         "process, but process 1's host has 2.0 GiB of memory free. Save the "
@@ -142,3 +144,27 @@ def test_the_import_hook_runs_after_the_module_it_waits_for(tmp_path, monkeypatc
     assert seen == [7]
     assert Path(late_module_for_hook.__file__).parent == tmp_path
     monkeypatch.delitem(sys.modules, "late_module_for_hook")
+
+
+def test_the_footprint_line_says_parameters_and_bytes_per_device():
+    """12.6M float32 parameters, half of them split over a model axis of 8."""
+    half = 6_300_000
+    line = layouts.footprint(
+        [((half,), 4, (None,)), ((half // 100, 100), 4, (None, "model"))],
+        {"batch": 1, "model": 8},
+        "model",
+    )
+    assert line == "12.6M parameters, 50.4 MB; 28.4 MB per device over a model axis of 8"
+    assert layouts.footprint([((10, 10), 4, (None, None))], {}, "model") == (
+        "100 parameters, 0.4 kB; 0.4 kB per device over a model axis of 1"
+    )
+
+
+def test_pieces_are_compared_only_between_the_ranks_that_hold_them():
+    """Mesh 1x4 over 2 processes: each holds its own halves of a kernel (no one else holds
+    them: nothing to compare) and the whole bias, which both must agree on."""
+    left, right, whole = (0, "left"), (0, "right"), (1, "whole")
+    agreeing = [{left: "a", whole: "b"}, {right: "c", whole: "b"}]
+    assert jax_arrays.differing_pieces(agreeing) == {}
+    apart = [{left: "a", whole: "b"}, {right: "c", whole: "x"}]
+    assert jax_arrays.differing_pieces(apart) == {whole: ["b", "x"]}
