@@ -7,7 +7,8 @@ AWS's framework containers download and unpack it on every host and pip-install 
 requirements.txt; this launcher does the same, once per host, before mpirun:
 
 - `s3://bucket/key`: boto3 with the job's credentials (the instance role, or AWS_* variables),
-  the region from `sagemaker_region` (the SDK sets it), else AWS_REGION / AWS_DEFAULT_REGION,
+  the region from `sagemaker_region` (the SDK sets it), else AWS_REGION / AWS_DEFAULT_REGION
+  (resolved with the URI by job.validated, from the environment the launcher was handed),
   and the endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (boto3 reads both itself).
 - `file:///path` or a plain path: a .tar.gz (any tar) or a folder.
 
@@ -43,24 +44,18 @@ from urllib.parse import unquote, urlparse
 
 from container import untar
 from job.errors import ConfigError
-from job.hyperparameters import decode
-from job.launch_config import LaunchConfig
 from job.paths import MlPaths
 from job.sagemaker_config import JobConfig
-from job.validated import submit_directory
+from job.validated import JobHyperparameters
 
 REQUIREMENTS = "requirements.txt"
 
 
-def region(job: JobConfig) -> str | None:
-    """The SDK's `sagemaker_region`, else AWS_REGION; None lets boto3 use AWS_DEFAULT_REGION."""
-    value = decode(job.hyperparameters.get("sagemaker_region", ""))
-    return str(value) if value else os.environ.get("AWS_REGION") or None
-
-
-def prepare(job: JobConfig, launch: LaunchConfig) -> None:
-    """Fetch, unpack and install the submit directory into the code folder, if the job has one."""
-    uri = submit_directory(launch, os.environ)
+def prepare(job: JobConfig, settings: JobHyperparameters, environ: Mapping[str, str]) -> None:
+    """Fetch, unpack and install the submit directory into the code folder, if the job has one:
+    the URI and region job.validated resolved; `environ` is the launcher's (pip's cache)."""
+    launch = settings.launch
+    uri = launch.submit_directory
     if not uri:
         return
     code_dir = job.paths.code_dir
@@ -76,12 +71,12 @@ def prepare(job: JobConfig, launch: LaunchConfig) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
-            unpack(uri, staging, region(job), launch.submit_directory_max_mb)
+            unpack(uri, staging, settings.region, launch.submit_directory_max_mb)
             replace_contents(code_dir, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     requirements = job.source_code.requirements if job.source_code else ""
-    install_requirements(code_dir, uri, requirements or REQUIREMENTS)
+    install_requirements(code_dir, uri, requirements or REQUIREMENTS, environ)
 
 
 def local_source(uri: str) -> Path | None:
@@ -96,8 +91,9 @@ def unpack(uri: str, destination: Path, region_name: str | None, max_mb: int = 0
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         archive = destination.with_name(destination.name + ".tar.gz")
+        limit = unpack_limit(destination, max_mb)
         try:
-            download_s3(parsed.netloc, parsed.path.lstrip("/"), archive, region_name, uri)
+            download_s3(parsed.netloc, parsed.path.lstrip("/"), archive, region_name, uri, limit)
             extract(archive, destination, uri, max_mb)
         finally:
             archive.unlink(missing_ok=True)
@@ -119,14 +115,34 @@ def unpack(uri: str, destination: Path, region_name: str | None, max_mb: int = 0
         )
 
 
-def download_s3(bucket: str, key: str, target: Path, region_name: str | None, uri: str) -> None:
+def download_s3(
+    bucket: str,
+    key: str,
+    target: Path,
+    region_name: str | None,
+    uri: str,
+    limit: tuple[int, str],
+) -> None:
+    """Download the archive, once its size (S3's HEAD) is known to be within `limit` (bytes,
+    and where that number comes from): an archive larger than what its files may unpack to
+    would only fill the disk before extraction refused it."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
     if not bucket or not key:
         raise ConfigError(f"submit directory {uri!r} must be s3://bucket/key of a .tar.gz")
+    max_bytes, origin = limit
     try:
-        boto3.client("s3", region_name=region_name).download_file(bucket, key, str(target))
+        client = boto3.client("s3", region_name=region_name)
+        size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        if size > max_bytes:
+            raise ConfigError(
+                f"submit directory {uri!r} is a {size}-byte archive, more than the limit of "
+                f"{max_bytes} bytes on what it unpacks to ({origin}); leave large files out "
+                "of source_dir (give them as an input channel), or raise "
+                "submit_directory_max_mb if the disk holds them"
+            )
+        client.download_file(bucket, key, str(target))
     except ClientError as error:
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in ("404", "NoSuchKey", "NoSuchBucket"):
@@ -149,18 +165,22 @@ def download_s3(bucket: str, key: str, target: Path, region_name: str | None, ur
 MB = 1024 * 1024
 
 
+def unpack_limit(destination: Path, max_mb: int) -> tuple[int, str]:
+    """The most bytes the submit directory may unpack to in `destination`, and where that
+    number comes from, for the error: `max_mb` MB, or half the space free there (0)."""
+    if max_mb:
+        return max_mb * MB, f"submit_directory_max_mb={max_mb}"
+    free = shutil.disk_usage(destination).free
+    return free // 2, (
+        f"half the {free // MB} MB free on the code folder's disk; the "
+        "hyperparameter submit_directory_max_mb sets it"
+    )
+
+
 def extract(archive: Path, destination: Path, uri: str, max_mb: int = 0) -> None:
     """Unpack the archive into `destination`, its files at most `max_mb` MB (0: half the space
     free there); any failure is a ConfigError naming the URI, and the member if it is one."""
-    if max_mb:
-        max_bytes, origin = max_mb * MB, f"submit_directory_max_mb={max_mb}"
-    else:
-        free = shutil.disk_usage(destination).free
-        max_bytes = free // 2
-        origin = (
-            f"half the {free // MB} MB free on the code folder's disk; the "
-            "hyperparameter submit_directory_max_mb sets it"
-        )
+    max_bytes, origin = unpack_limit(destination, max_mb)
     try:
         with untar.open_archive(archive):
             pass
@@ -226,13 +246,13 @@ def pip_install_command(name: str, environ: Mapping[str, str]) -> list[str]:
     ]
 
 
-def install_requirements(code_dir: Path, uri: str, name: str) -> None:
+def install_requirements(code_dir: Path, uri: str, name: str, environ: Mapping[str, str]) -> None:
     """pip-install the code's requirements file (requirements.txt, or the one SDK 3's
     SourceCode names) into this host's Python, from the code folder (so relative paths in
     it, such as a bundled wheel, resolve there)."""
     if not (code_dir / name).is_file():
         return
-    command = pip_install_command(name, os.environ)
+    command = pip_install_command(name, environ)
     cached = " (pip's cache in the warm pool's folder)" if "--cache-dir" in command else ""
     print(f"launcher: installing {name} of the submit directory{cached}", flush=True)
     result = subprocess.run(

@@ -23,7 +23,8 @@ The archive is bounded too, since its size says nothing of what it unpacks to (g
 zeros about 1000:1, and a sparse member of 125 bytes in the archive can declare 20 GiB): each
 file's declared size is counted before anything of it is written, and the member that would
 take the files past `max_bytes` is refused, as is an extended header (pax, or GNU long name)
-larger than MAX_HEADER_BYTES, which tarfile would read whole into memory. A member whose name
+larger than MAX_HEADER_BYTES, which tarfile would read whole into memory, and the member past
+MAX_MEMBERS (a million empty files pass any byte limit). A member whose name
 or link holds a NUL byte, or whose time is not a number (a pax `mtime=nan`), is refused before
 it is written, naming it.
 
@@ -53,6 +54,9 @@ MAX_LINKS = 40  # as many links as the kernel follows in one path before ELOOP
 # An extended header (pax, GNU long name or link) is read into memory whole; any real one is a
 # few hundred bytes, PATH_MAX is 4096.
 MAX_HEADER_BYTES = 1024 * 1024
+# Members in one archive: tarfile keeps every member's header in memory, and empty files cost
+# no bytes against max_bytes but an inode and a write each; a code folder has far fewer.
+MAX_MEMBERS = 100_000
 
 SPECIAL_KINDS = {
     tarfile.CHRTYPE: "character device",
@@ -131,16 +135,24 @@ def members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         yield member
 
 
-def extract(archive: Path, destination: Path, max_bytes: int) -> None:
+def extract(
+    archive: Path, destination: Path, max_bytes: int, max_members: int = MAX_MEMBERS
+) -> None:
     """Unpack `archive` into the existing folder `destination`, member by member, its files
-    at most `max_bytes` in all; raises RefusedMember at the first member that breaks the rules
-    above (what came before it stays on disk: the caller unpacks into a folder of its own and
-    removes it)."""
+    at most `max_bytes` in all and at most `max_members` members; raises RefusedMember at the
+    first member that breaks the rules above (what came before it stays on disk: the caller
+    unpacks into a folder of its own and removes it)."""
     root = os.path.realpath(destination)
     links = []
     written = 0
     with open_archive(archive) as tar:
-        for member in members(tar):
+        for count, member in enumerate(members(tar), start=1):
+            if count > max_members:
+                raise RefusedMember(
+                    member.name,
+                    f"is past the limit of {max_members} members in one archive; "
+                    "source_dir holds code: give data as an input channel",
+                )
             check_fields(member)
             if member.isreg():
                 written += member.size

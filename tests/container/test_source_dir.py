@@ -15,8 +15,11 @@ import uuid
 
 import pytest
 
-from container.source_dir import WARM_POOL_CACHE, extract, pip_install_command
+from container.source_dir import WARM_POOL_CACHE, extract, pip_install_command, prepare
 from job.errors import ConfigError
+from job.paths import MlPaths
+from job.sagemaker_config import JobConfig, ResourceConfig
+from job.validated import validate_hyperparameters
 from tests.conftest import TRAIN
 from tests.s3_server import s3_server, start_moto, uninstall, write_wheel  # noqa: F401
 
@@ -117,6 +120,21 @@ def test_the_environment_variable_and_requirements_installed_once(make_job, sour
         uninstall(package)
 
 
+def test_the_submit_directory_comes_from_the_validated_job_not_the_process_environment(
+    tmp_path, source, monkeypatch
+):
+    """prepare fetches what validation resolved from the environment the launcher was handed,
+    as make_plan plans with it: the process's own SAGEMAKER_SUBMIT_DIRECTORY is not read."""
+    monkeypatch.setenv("SAGEMAKER_SUBMIT_DIRECTORY", str(tmp_path / "elsewhere"))
+    paths = MlPaths(tmp_path / "ml")
+    job = JobConfig(paths, ResourceConfig("algo-1", ("algo-1",)), {}, {})
+    settings = validate_hyperparameters(
+        {"sagemaker_program": "train.py"}, {"SAGEMAKER_SUBMIT_DIRECTORY": str(source)}
+    )
+    prepare(job, settings, {})
+    assert (paths.code_dir / "train.py").read_text() == SCRIPT
+
+
 def test_pip_keeps_its_cache_in_the_warm_pool_folder_only_when_sagemaker_gives_one():
     assert pip_install_command("requirements.txt", {})[-5:] == [
         "install",
@@ -149,6 +167,24 @@ def test_a_missing_s3_object(make_job, s3_server, source, tmp_path):
         f"submit directory {uri}: the object does not exist",
         env=s3_server.environment(),
     )
+
+
+def test_an_s3_archive_larger_than_the_unpack_limit_is_not_downloaded(
+    make_job, s3_server, source, tmp_path
+):
+    """2 MiB of random bytes (gzip cannot shrink them) against submit_directory_max_mb=1: S3's
+    HEAD says the archive alone passes the limit, so nothing is downloaded or unpacked."""
+    (source / "noise.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    uri = s3_server.upload("sm11-jobs", "job-3/sourcedir.tar.gz", pack(source, tmp_path / "n.tgz"))
+    root = job(make_job, uri, submit_directory_max_mb="1")
+    expect_config_error(
+        root,
+        f"submit directory {uri!r} is a ",
+        "-byte archive, more than the limit of 1048576 bytes on what it unpacks to "
+        "(submit_directory_max_mb=1)",
+        env=s3_server.environment(),
+    )
+    assert not (root / "code" / "noise.bin").exists()
 
 
 def test_access_denied(make_job, source, tmp_path):

@@ -11,6 +11,7 @@ import tarfile
 
 import pytest
 
+from container import untar
 from container.source_dir import MB, extract
 from container.untar import MAX_HEADER_BYTES
 from job.errors import ConfigError
@@ -183,6 +184,20 @@ def pax_bomb(target):
         tar.offset += tarfile.BLOCKSIZE + 8 * MB
         tar.addfile(*file_member("train.py", data=b"#"))
     return target
+
+
+def test_an_archive_of_too_many_members_is_refused_at_the_first_past_the_limit(tmp_path):
+    """Empty files cost nothing against the byte limit; the member count stops them, and the
+    member past it is not written."""
+    archive = archive_of(
+        tmp_path / "many.tar.gz", *(file_member(f"empty-{index:03}") for index in range(6))
+    )
+    (tmp_path / "staging").mkdir()
+    with pytest.raises(untar.RefusedMember, match="'empty-005' is past the limit of 5 members"):
+        untar.extract(archive, tmp_path / "staging", MB, max_members=5)
+    assert sorted(path.name for path in (tmp_path / "staging").iterdir()) == [
+        f"empty-{index:03}" for index in range(5)
+    ]
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
