@@ -25,7 +25,8 @@ test:
 	bash scripts/test_phases.sh
 
 ## Lint and types (the first phase of `make test`): ruff's rules and formatting (pyproject.toml),
-## then mypy, strict on job/ and container/. `ruff check --fix . && ruff format .` fixes most.
+## then mypy, strict on job/, container/, sagemaker_ops/, serve/ and bench/ ([tool.mypy] files).
+## `ruff check --fix . && ruff format .` fixes most.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -28,9 +28,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from bench.launch import mpirun_argv, run
 from bench.results import Measurement, Target, median
@@ -55,7 +56,7 @@ def iterations_for(warm_seconds: float, target_seconds: float) -> int:
     return max(1, min(MAX_ITERATIONS, int(target_seconds / max(warm_seconds, 1e-6))))
 
 
-def _timed(comm, call, repeats: int) -> tuple[list[float], int]:
+def _timed(comm: Any, call: Callable[[], object], repeats: int) -> tuple[list[float], int]:
     """(per repeat the slowest rank's seconds per call, calls per repeat). Every rank takes
     the same decisions: they come from MPI.MAX of the ranks' warm-up timings."""
     from mpi4py import MPI
@@ -78,10 +79,10 @@ def _timed(comm, call, repeats: int) -> tuple[list[float], int]:
     return timings, iterations
 
 
-def _over_budget(comm, began: float, budget: float) -> bool:
+def _over_budget(comm: Any, began: float, budget: float) -> bool:
     """Rank 0 decides, so every rank skips the same sizes: a loaded machine can make one
     256 MB allreduce take seconds instead of a tenth of one."""
-    return comm.bcast(time.perf_counter() - began > budget, root=0)
+    return bool(comm.bcast(time.perf_counter() - began > budget, root=0))
 
 
 def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
@@ -134,13 +135,13 @@ def rank_main(out: Path, sizes: list[int], repeats: int, budget: float) -> None:
             raise RuntimeError(f"Horovod allreduce of {size} bytes returned a wrong average")
         pieces = [tf.constant(part) for part in np.array_split(send, PIECES) if len(part)]
 
-        @tf.function
-        def fused_fn(*tensors):
+        def fused(*tensors: Any) -> list[Any]:
             return [
                 hvd.allreduce(t, op=hvd.Average, name=f"piece{size}_{i}")  # noqa: B023
                 for i, t in enumerate(tensors)
             ]
 
+        fused_fn = tf.function(fused)
         entry["horovod_fused_seconds"], _ = _timed(comm, partial(fused_fn, *pieces), repeats)
         del tensor, pieces
     if comm.rank == 0:

@@ -24,6 +24,7 @@ Two ways to run the same job, named in the table:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -36,6 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
 
 from bench.jobs import DataShape, synthetic, write_job, write_npz
 from bench.launch import PYTHON, TRAIN, log
@@ -74,7 +78,7 @@ class Timeline:
     hosts_exited: list[float]
     steps: list[float]  # each METRICS line of the leader
     marks: dict[str, float] = field(default_factory=dict)
-    notes: dict = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
     lines: list[tuple[float, str]] = field(default_factory=list)  # the leader's, timed
 
     def startup(self) -> float:
@@ -121,7 +125,7 @@ def job_hyperparameters(sizes: Sizes) -> dict[str, str]:
     }
 
 
-def cluster_data(sizes: Sizes):
+def cluster_data(sizes: Sizes) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     return synthetic(DataShape(2 * sizes.per_device_batch, sizes.features))
 
 
@@ -148,7 +152,7 @@ def run_loopback(
     sizes: Sizes,
     workdir: Path,
     extra: Mapping[str, str] | None = None,
-    watch: Callable[[str, subprocess.Popen], None] | None = None,
+    watch: Callable[[str, subprocess.Popen[str]], None] | None = None,
 ) -> Timeline:
     """The 2-host job on loopback (`extra` hyperparameters over item 4's); `watch` sees each
     line of the leader as it comes, with the worker's launcher (to act on it mid-run)."""
@@ -191,7 +195,7 @@ def run_loopback(
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
-        for line in leader.stdout:
+        for line in leader.stdout or ():  # a pipe: stdout=PIPE above
             lines.append((time.time(), line))
             if watch is not None:
                 watch(line, worker)
@@ -228,11 +232,11 @@ def run_loopback(
 
 
 # ------------------------------------------------------------------------ containers ----
-def image_exists(engine, image: str) -> bool:
+def image_exists(engine: Engine, image: str) -> bool:
     return engine.run("image", "inspect", image, check=False, timeout=60).returncode == 0
 
 
-def container_times(engine, container: str) -> tuple[float, float, int]:
+def container_times(engine: Engine, container: str) -> tuple[float, float, int]:
     state = json.loads(
         engine.run("inspect", "--format", "{{json .State}}", container, timeout=60).stdout
     )
@@ -243,7 +247,7 @@ def container_times(engine, container: str) -> tuple[float, float, int]:
     )
 
 
-def timestamped_logs(engine, container: str) -> list[tuple[float, str]]:
+def timestamped_logs(engine: Engine, container: str) -> list[tuple[float, str]]:
     result = engine.run("logs", "-t", container, check=False, timeout=60)
     lines = []
     for line in (result.stdout + result.stderr).splitlines():
@@ -255,7 +259,9 @@ def timestamped_logs(engine, container: str) -> list[tuple[float, str]]:
     return lines
 
 
-def bare_import_in_container(engine, image: str, repeats: int, hosts: int = 2) -> list[float]:
+def bare_import_in_container(
+    engine: Engine, image: str, repeats: int, hosts: int = 2
+) -> list[float]:
     """Seconds from the first start to the last exit of `hosts` containers of `image` that
     run only `python -c BARE_IMPORT`, started together."""
     timings = []
@@ -286,7 +292,7 @@ def bare_import_in_container(engine, image: str, repeats: int, hosts: int = 2) -
                 if run_.wait(timeout=TIMEOUT):
                     raise RuntimeError(
                         f"{engine.name} run {image} python -c "
-                        f"{BARE_IMPORT!r} failed: {run_.stderr.read()[-500:]}"
+                        f"{BARE_IMPORT!r} failed: {(run_.stderr or io.StringIO()).read()[-500:]}"
                     )
             times = [container_times(engine, name) for name in names]
             timings.append(max(t[1] for t in times) - min(t[0] for t in times))
@@ -295,7 +301,7 @@ def bare_import_in_container(engine, image: str, repeats: int, hosts: int = 2) -
     return timings
 
 
-def run_containers(sizes: Sizes, workdir: Path, engine, image: str) -> Timeline:
+def run_containers(sizes: Sizes, workdir: Path, engine: Engine, image: str) -> Timeline:
     data_dir = workdir / "cluster-data"
     shutil.rmtree(data_dir, ignore_errors=True)
     write_npz(data_dir / "train", *cluster_data(sizes))
@@ -364,6 +370,8 @@ def measure(sizes: Sizes, workdir: Path, *, image: str, mode: str = "auto") -> l
         if why:
             timeline.notes["why_not_containers"] = why
     bare_seconds = median(bare)
+    if bare_seconds is None:  # each repeat times one start: there are none only without repeats
+        raise RuntimeError("no bare import was timed, so startup overhead has no reference")
     startup = timeline.startup()
     where = (
         "2 containers (compose)" if used == "containers" else "2 launchers on 127.0.0.1/127.0.0.2"

@@ -40,7 +40,9 @@ RUN_TIMEOUT = 900
 QUIET = {"checkpoint_every_epochs": "0", "processes_per_host": "2", "seed": "7"}
 
 
-def job(root: Path, kind: str, hyperparameters: dict, copies: int = 1, size: int = 32) -> Path:
+def job(
+    root: Path, kind: str, hyperparameters: dict[str, str], copies: int = 1, size: int = 32
+) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     paths = MlPaths(root)
     write_job_config(

@@ -17,12 +17,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def reference(model, folder: Path) -> None:
+def reference(model: Any, folder: Path) -> None:
     model.save(str(folder / "model"), save_format="tf", include_optimizer=False, save_traces=False)
 
 
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from train.export import export_model
     from train.models import BUILDERS
 
-    ways = {
+    ways: dict[str, Callable[[Any, Path], object]] = {
         "reference (no signature)": reference,
         "export_model (signature, model/1)": lambda m, f: export_model(m, f, classes=range(10)),
     }

@@ -22,14 +22,19 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from bench.jobs import CLASSES, DataShape, synthetic, write_csv, write_npz
+
+if TYPE_CHECKING:  # train.pipeline imports TensorFlow: only inside the functions that read
+    from train.pipeline import Source
 
 FORMATS = ("csv", "npz")
 
 
-def channel_source(folder: Path):
+def channel_source(folder: Path) -> Source:
     from job.trainer_config import TrainerConfig
     from train.data import list_channel
     from train.pipeline import open_source
@@ -43,7 +48,9 @@ def drain(folder: Path) -> int:
     return sum(len(y) for _, y in channel_source(folder).samples(None).batch(4096))
 
 
-def reader_rates(workdir: Path, samples: int, features: int, repeats: int) -> dict:
+def reader_rates(
+    workdir: Path, samples: int, features: int, repeats: int
+) -> dict[str, dict[str, Any]]:
     x, y = synthetic(DataShape(samples, features))
     writers = {"csv": write_csv, "npz": write_npz}
     rates = {}
@@ -66,7 +73,7 @@ def reader_rates(workdir: Path, samples: int, features: int, repeats: int) -> di
     return rates
 
 
-def pipeline_rate(workdir: Path, batch: int, batches: int, repeats: int) -> dict:
+def pipeline_rate(workdir: Path, batch: int, batches: int, repeats: int) -> dict[str, Any]:
     from job.trainer_config import TrainerConfig
     from train.pipeline import label_lookup, training_input
 
@@ -77,7 +84,9 @@ def pipeline_rate(workdir: Path, batch: int, batches: int, repeats: int) -> dict
     return {"samples_per_sec": iteration_rates(dataset, batch, batches, repeats), "batch": batch}
 
 
-def iteration_rates(dataset, batch: int, batches: int, repeats: int) -> list[float]:
+def iteration_rates(
+    dataset: Iterable[object], batch: int, batches: int, repeats: int
+) -> list[float]:
     """Samples/s of drawing `batches` batches from `dataset`, `repeats` times, after a first
     batch that builds the pipeline and fills its shuffle buffer."""
     iterator = iter(dataset)

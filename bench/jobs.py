@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from bench.launch import TRAIN, log, stop
 from job import protocol
@@ -37,20 +38,24 @@ class DataShape:
     classes: int = CLASSES
 
 
-def synthetic(shape: DataShape, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def synthetic(shape: DataShape, seed: int = 0) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((shape.samples, shape.features), dtype=np.float32)
     mixing = np.random.default_rng(1).standard_normal((shape.features, shape.classes))
     return x, (x @ mixing).argmax(axis=1).astype(np.int64)
 
 
-def write_npz(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.npz") -> Path:
+def write_npz(
+    folder: Path, x: npt.NDArray[Any], y: npt.NDArray[Any], name: str = "part-0.npz"
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / name, x=x, y=y)
     return folder / name
 
 
-def write_csv(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.csv") -> Path:
+def write_csv(
+    folder: Path, x: npt.NDArray[Any], y: npt.NDArray[Any], name: str = "part-0.csv"
+) -> Path:
     """Label first, no header: the format SageMaker's built-in algorithms read."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -61,7 +66,7 @@ def write_csv(folder: Path, x: np.ndarray, y: np.ndarray, name: str = "part-0.cs
 def write_job(
     root: Path,
     hyperparameters: Mapping[str, Any],
-    data: tuple[np.ndarray, np.ndarray],
+    data: tuple[npt.NDArray[Any], npt.NDArray[Any]],
     *,
     hosts: Sequence[str] = ("algo-1",),
     current_host: str = "algo-1",
@@ -158,7 +163,7 @@ class PeakMemory:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
 

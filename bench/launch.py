@@ -27,21 +27,22 @@ def mpirun_argv(
 ) -> list[str]:
     """`mpirun <the launcher's single-host defaults> python -P -m mpi4py -m MODULE ARGS`;
     `extra_options` overrides or extends them as the `mpi_options` hyperparameter does."""
-    defaults = mpirun.default_options(
+    command = mpirun.Command(
         hosts=("localhost",),
         processes_per_host=ranks,
         interface="lo",
         instance_type="local",
-        rank_env={
+        ssh_args=None,
+        environment={
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
             **rank_env,
         },
-        ssh_args=None,
+        program=tuple(rank_command(PYTHON, module, *arguments)),
+        user_options=tuple(mpirun.parse_options(extra_options)),
     )
-    options = mpirun.merge_options(defaults, mpirun.parse_options(extra_options))
-    return mpirun.build_argv(options, rank_command(PYTHON, module, *arguments))
+    return list(mpirun.render(command))
 
 
 def log(message: str) -> None:
@@ -50,7 +51,7 @@ def log(message: str) -> None:
 
 def run(
     argv: Sequence[str], *, timeout: float, what: str, env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """Run to completion; RuntimeError naming `what` with the output's tail on failure."""
     log(f"{what}: {shlex.join(argv)}")
     try:
@@ -70,7 +71,7 @@ def run(
     return done
 
 
-def stop(process: subprocess.Popen, grace: float = 30.0) -> None:
+def stop(process: subprocess.Popen[str] | subprocess.Popen[bytes], grace: float = 30.0) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds; returns once the process is gone."""
     if process.poll() is None:
         process.terminate()

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,14 +54,15 @@ def _get(url: str, body: bytes | None = None) -> int:
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
-            return response.status
+            status: int = response.status  # urlopen's answer is untyped: an HTTPResponse here
+            return status
     except urllib.error.HTTPError as error:
         return error.code
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0
 
 
-def serving_peak_rss(ml_root: Path, features: int, requests: int) -> dict:
+def serving_peak_rss(ml_root: Path, features: int, requests: int) -> dict[str, Any]:
     """Peak RSS of the serve master and its worker(s) after `requests` predictions."""
     port = free_port()
     argv = [str(SERVE), "--ml-root", str(ml_root)]

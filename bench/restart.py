@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def measure(sizes: Sizes, workdir: Path) -> list[Measurement]:
     killed: dict[str, float] = {}
     leader_root = workdir / f"loopback-{LOOPBACK_HOSTS[0]}"
 
-    def kill_in_flight(line: str, worker) -> None:
+    def kill_in_flight(line: str, worker: subprocess.Popen[str]) -> None:
         if not killed and f"METRICS epoch={KILL_AFTER} " in line:
             rank = rank_pid(1, leader_root)  # the worker host's
             if rank is None:
@@ -56,9 +57,9 @@ def measure(sizes: Sizes, workdir: Path) -> list[Measurement]:
     lines = timeline.lines
     restarted = next(i for i, (_, line) in enumerate(lines) if "restarting every rank" in line)
     reported = [
-        parse_metrics(line)["epoch"]
+        metrics["epoch"]
         for _, line in lines[:restarted]
-        if parse_metrics(line) is not None
+        if (metrics := parse_metrics(line)) is not None
     ]
     resumed = next(
         int(found[1]) for _, line in lines[restarted:] if (found := RESUMED.search(line))

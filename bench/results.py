@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 OPERATORS = (">=", "<=")
 TARGET_SUBJECTS = ("ratio", "value")
@@ -61,8 +62,8 @@ class Measurement:
     reference_name: str = ""
     target: Target | None = None
     note: str = ""
-    samples: tuple[float, ...] = ()  # the repeats `value` is the median of
-    details: dict = field(default_factory=dict)
+    samples: tuple[float | None, ...] = ()  # the repeats `value` is the median of (None: no value)
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
@@ -74,7 +75,7 @@ class Measurement:
     def met(self) -> bool | None:
         return self.target.met(self.value, self.ratio) if self.target else None
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(
             ratio=self.ratio,
@@ -85,9 +86,11 @@ class Measurement:
         return data
 
 
-def median(values: Iterable[float]) -> float | None:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(values) if values else None
+def median(values: Iterable[float | None]) -> float | None:
+    """The median of the finite values; None when there is none (a run that measured nothing
+    counts as None)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(finite) if finite else None
 
 
 def _number(value: float | None, unit: str = "") -> str:
@@ -138,7 +141,7 @@ def text_table(measurements: Sequence[Measurement]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict:
+def machine() -> dict[str, Any]:
     import os
 
     memory = None
@@ -164,7 +167,7 @@ def machine() -> dict:
 
 def report(
     measurements: Sequence[Measurement], *, tiny: bool, started: float, notes: Sequence[str] = ()
-) -> dict:
+) -> dict[str, Any]:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
         "tiny": tiny,
@@ -175,7 +178,7 @@ def report(
     }
 
 
-def write_report(data: dict, folder: Path, name: str = "bench") -> Path:
+def write_report(data: dict[str, Any], folder: Path, name: str = "bench") -> Path:
     """FOLDER/NAME[-tiny]-<stamp>.json, and the same as FOLDER/NAME[-tiny]-latest.json."""
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

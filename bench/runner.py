@@ -35,8 +35,10 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import allreduce, cluster, data_scale, hetero, memory, restart, stacks, training
 from bench.launch import PYTHON, REPO, log, run
@@ -193,7 +195,9 @@ class Items:
         self.rows: list[Measurement] = []
         self.seconds: dict[int, float] = {}
 
-    def attempt(self, item: int, what: str, measure) -> None:
+    def attempt(
+        self, item: int, what: str, measure: Callable[[], Measurement | list[Measurement]]
+    ) -> None:
         if item not in self.config.items:
             return
         started = time.perf_counter()
@@ -209,7 +213,7 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
     sizes, workdir, extra = config.sizes, config.workdir, config.mpi_options
     workdir.mkdir(parents=True, exist_ok=True)
     items = Items(config)
-    trainer: dict = {"consumption": [], "rank_peaks": [], "model_root": None}
+    trainer: dict[str, Any] = {"consumption": [], "rank_peaks": [], "model_root": None}
 
     def scaling() -> list[Measurement]:
         rows, one, two = training.scaling(sizes, workdir / "scaling", extra)

@@ -45,17 +45,22 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from bench.results import Measurement, Target, markdown_table, text_table, write_report
 from bench.results import report as results_report
 from container.network import free_port
 from job.metadata import SAVEDMODEL_PATH
+
+if TYPE_CHECKING:  # imported where used: the baseline server's worker, never the bench
+    import flask
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "bench-serve"
@@ -85,7 +90,10 @@ def ensure_wrk() -> str:
         check=True,
         env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
     )
-    return shutil.which("wrk")
+    installed = shutil.which("wrk")
+    if installed is None:
+        raise RuntimeError("apt-get installed the Debian package wrk, but no wrk is on PATH")
+    return installed
 
 
 def ensure_model(name: str) -> Path:
@@ -116,20 +124,21 @@ def ensure_model(name: str) -> Path:
     return ml_root
 
 
-def digits() -> np.ndarray:
+def digits() -> npt.NDArray[Any]:
     from sklearn.datasets import load_digits
 
-    return load_digits().data
+    data: npt.NDArray[Any] = load_digits().data  # 1797 rows of 64 pixel values
+    return data
 
 
-def csv_row(row: np.ndarray) -> bytes:
+def csv_row(row: npt.NDArray[Any]) -> bytes:
     return ",".join(f"{value:g}" for value in row).encode()
 
 
 # --- the baseline: a carefully written BYOC server -------------------------------------------
 
 
-def baseline_app(ml_root: Path):
+def baseline_app(ml_root: Path) -> flask.Flask:
     """Loads the SavedModel once (in the worker, after fork), traces one call, serves CSV."""
     import flask
     import tensorflow as tf
@@ -147,11 +156,11 @@ def baseline_app(ml_root: Path):
     app = flask.Flask("baseline")
 
     @app.get("/ping")
-    def ping():
+    def ping() -> flask.Response:
         return flask.Response(status=200)
 
     @app.post("/invocations")
-    def invocations():
+    def invocations() -> flask.Response:
         if flask.request.mimetype != "text/csv":
             return flask.Response("this predictor reads text/csv", status=415)
         rows = np.loadtxt(
@@ -172,7 +181,7 @@ def run_baseline_server(port: int, ml_root: Path) -> None:
     from gunicorn.app.base import BaseApplication
 
     class Baseline(BaseApplication):
-        def load_config(self):
+        def load_config(self) -> None:
             for name, value in {
                 "bind": [f"127.0.0.1:{port}"],
                 "workers": os.cpu_count(),
@@ -184,7 +193,7 @@ def run_baseline_server(port: int, ml_root: Path) -> None:
             }.items():
                 self.cfg.set(name, value)
 
-        def load(self):
+        def load(self) -> flask.Flask:
             return baseline_app(ml_root)
 
     Baseline().run()
@@ -197,7 +206,7 @@ def run_baseline_server(port: int, ml_root: Path) -> None:
 class Server:
     name: str
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
 
     def pids(self) -> list[int]:
         """The master and its workers (the process group of the session)."""
@@ -238,7 +247,7 @@ class Server:
         return sizes
 
 
-def wait_until_healthy(port: int, process: subprocess.Popen, timeout_s: float = 300) -> None:
+def wait_until_healthy(port: int, process: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -303,6 +312,13 @@ class Result:
 UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
 
+def _requests_per_s(output: str) -> float:
+    found = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    if found is None:
+        raise RuntimeError(f"no Requests/sec in wrk's output:\n{output}")
+    return float(found.group(1))
+
+
 def _percentile_ms(output: str, percent: int) -> float:
     found = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s|m)\s*$", output, re.MULTILINE)
     if found is None:
@@ -329,7 +345,7 @@ def wrk(wrk_path: str, server: Server, script: Path, concurrency: int, duration_
         check=True,
     ).stdout
     cpu_s = server.cpu_s() - cpu_before
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    rate = _requests_per_s(output)
     p50, p99 = _percentile_ms(output, 50), _percentile_ms(output, 99)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     errors = re.search(r"Socket errors:.*", output)
@@ -344,7 +360,7 @@ def wrk(wrk_path: str, server: Server, script: Path, concurrency: int, duration_
     )
 
 
-def wrk_script(directory: Path, row: np.ndarray) -> Path:
+def wrk_script(directory: Path, row: npt.NDArray[Any]) -> Path:
     script = directory / "post_csv_row.lua"
     script.write_text(
         f'wrk.method = "POST"\nwrk.body = "{csv_row(row).decode()}"\n'
@@ -357,7 +373,7 @@ def wrk_script(directory: Path, row: np.ndarray) -> Path:
 # --- the benchmark ---------------------------------------------------------------------------
 
 
-def forward_cost_ms(ml_root: Path, rows: np.ndarray) -> dict[int, float]:
+def forward_cost_ms(ml_root: Path, rows: npt.NDArray[Any]) -> dict[int, float]:
     """The model alone: ms per traced call of 1 and 32 rows, in this process, one thread."""
     code = f"""
 import json, time, numpy as np, tensorflow as tf
@@ -509,6 +525,13 @@ def npy_header_only(shape: str) -> bytes:
     return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
 
 
+# What the soak sends: (kind, the raw HTTP request, a check of the answer that says what is
+# wrong with it, or None) for valid requests; (kind, the raw request, the status it must get)
+Check = Callable[[int, bytes], str | None]
+ValidRequest = tuple[str, bytes, Check]
+InvalidRequest = tuple[str, bytes, int]
+
+
 def http_request(
     path: str,
     body: bytes,
@@ -522,7 +545,7 @@ def http_request(
     ).encode() + body
 
 
-def invalid_requests(payload_limit: int) -> list[tuple[str, bytes, int]]:
+def invalid_requests(payload_limit: int) -> list[InvalidRequest]:
     """(kind, raw request, expected status) for the soak's hostile traffic."""
     row = ",".join(["1"] * 64).encode()
     return [
@@ -572,13 +595,13 @@ SOAK_TIMEOUT_S = 60  # the server's request timeout in the soak run
 SLOW_BYTE_S = 0.05  # a slow client sends a byte of its body this often
 
 
-def slow_requests(valid: list) -> list:
+def slow_requests(valid: list[ValidRequest]) -> list[ValidRequest]:
     """The valid requests as a slow client sends them: one whose body takes longer than the
     request timeout to send (a 5-row JSON body: about 80 s) must be refused with a 408."""
 
     def refused(status: int, body: bytes) -> str | None:
         if status != 408 or "error" not in json.loads(body):
-            return f"status {status}, expected 408: {body[:200]}"
+            return f"status {status}, expected 408: {body[:200]!r}"
         return None
 
     return [
@@ -589,7 +612,9 @@ def slow_requests(valid: list) -> list:
     ]
 
 
-async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, bytes, bool]:
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, slow: bool
+) -> tuple[int, bytes, bool]:
     """Send one request and read its answer: (status, body, whether the server closes). A slow
     client stops sending once answered: the server answers 408 at the deadline, body or not."""
     answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
@@ -614,13 +639,20 @@ async def _exchange(reader, writer, request: bytes, slow: bool) -> tuple[int, by
 
 
 async def _soak_client(
-    port: int, stop_at: float, soak: Soak, valid: list, invalid: list, seed: int, slow: bool
+    port: int,
+    stop_at: float,
+    soak: Soak,
+    valid: list[ValidRequest],
+    invalid: list[InvalidRequest],
+    seed: int,
+    slow: bool,
 ) -> None:
     rng = np.random.default_rng(seed)
-    reader = writer = None
+    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     while time.monotonic() < stop_at:
-        if writer is None:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if connection is None:
+            connection = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = connection
         if slow or rng.random() < 0.7:
             kind, request, check = valid[rng.integers(len(valid))]
             status, body, closing = await _exchange(reader, writer, request, slow)
@@ -633,25 +665,25 @@ async def _soak_client(
             status, body, closing = await _exchange(reader, writer, request, False)
             soak.count(kind, status)
             if status != expected or "error" not in json.loads(body):
-                soak.wrong.append(f"{kind}: status {status}, expected {expected}: {body[:200]}")
+                soak.wrong.append(f"{kind}: status {status}, expected {expected}: {body[:200]!r}")
         if closing:
             writer.close()
-            writer = None
-    if writer is not None:
-        writer.close()
+            connection = None
+    if connection is not None:
+        connection[1].close()
 
 
-def valid_requests(ml_root: Path, rows: np.ndarray) -> list:
+def valid_requests(ml_root: Path, rows: npt.NDArray[Any]) -> list[ValidRequest]:
     """(kind, raw request, check) with the answers of the model run in this process."""
     import tensorflow as tf
 
     model = tf.keras.models.load_model(str(ml_root / "model" / SAVEDMODEL_PATH), compile=False)
     expected = model(rows.astype(np.float32), training=False).numpy()
 
-    def check_json(indices):
+    def check_json(indices: list[int]) -> Check:
         def check(status: int, body: bytes) -> str | None:
             if status != 200:
-                return f"status {status}: {body[:200]}"
+                return f"status {status}: {body[:200]!r}"
             predictions = json.loads(body)["predictions"]
             got = np.array([p["probabilities"] for p in predictions])
             if [p["class"] for p in predictions] != expected[indices].argmax(
@@ -680,11 +712,12 @@ def valid_requests(ml_root: Path, rows: np.ndarray) -> list:
 
 
 def flood(
-    server: Server, rows: np.ndarray, concurrency: int = 64, payload_mb: int = 6
+    server: Server, rows: npt.NDArray[Any], concurrency: int = 64, payload_mb: int = 6
 ) -> tuple[dict[int, int], float]:
     """`concurrency` posts of a `payload_mb` MB CSV body at once: statuses, seconds taken."""
     lines = [csv_row(row) for row in rows]
-    body, size = [], 0
+    body: list[bytes] = []
+    size = 0
     while size < payload_mb * 1024 * 1024 - 200:
         line = lines[len(body) % len(lines)]
         body.append(line)

@@ -34,7 +34,8 @@ class Stack:
     name: str
     image: str
     extra: dict[str, str] = field(default_factory=dict)
-    runs: dict[int, list[float]] = field(default_factory=dict)  # ranks -> run throughputs
+    # ranks -> run throughputs (None: a run that printed none after its first epoch)
+    runs: dict[int, list[float | None]] = field(default_factory=dict)
 
     def throughput(self, ranks: int) -> float | None:
         return median(self.runs.get(ranks, []))

@@ -21,6 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.jobs import CLASSES, DataShape, TrainRun, run_trains, synthetic, write_job
 from bench.launch import PYTHON, run
@@ -66,8 +67,15 @@ class Configuration:
     runs: list[list[TrainRun]] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
 
-    def run_throughputs(self) -> list[float]:
-        return [sum(median(run.steady_samples_per_sec()) for run in group) for group in self.runs]
+    def run_throughputs(self) -> list[float | None]:
+        """Per run, its copies' throughputs summed; None when a copy printed no samples/s at
+        all (median() then passes over that run rather than the item failing)."""
+        sums: list[float | None] = []
+        for group in self.runs:
+            copies = [median(run.steady_samples_per_sec()) for run in group]
+            measured = [rate for rate in copies if rate is not None]
+            sums.append(sum(measured) if len(measured) == len(copies) else None)
+        return sums
 
     def throughput(self) -> float | None:
         return median(self.run_throughputs())
@@ -75,7 +83,7 @@ class Configuration:
     def rank_peaks(self) -> list[int]:
         return [peak for group in self.runs for run in group for peak in run.rank_peak_rss]
 
-    def details(self) -> dict:
+    def details(self) -> dict[str, Any]:
         return {
             "hyperparameters": self.hyperparameters,
             "copies": self.copies,

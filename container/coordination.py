@@ -1,20 +1,15 @@
 """Leader and workers agree on the job over one TCP connection per worker.
 
-This replaces the toolkit's fixed sleeps and `/tmp/done` files polled over ssh. The protocol,
-one line per message:
-
-    worker -> leader   HELLO <host>
-    leader -> worker   KEY <the job's ssh public key>
-    worker -> leader   READY <the worker sshd's host key>   |   FAIL <reason>
-    both ways          PING                                  (every second, from HELLO on)
-    data host -> leader ENDED <code> <kind> <reason as JSON> (its script failed)
-    leader -> worker   EXIT <code> <kind> <reason as JSON>
-    worker -> leader   BYE
+This replaces the toolkit's fixed sleeps and `/tmp/done` files polled over ssh. A worker says
+HELLO with its host name, the leader hands it the job's ssh public key (KEY), the worker starts
+its sshd and reports READY with that sshd's host key (or FAIL), and when the job has ended the
+leader sends every worker its outcome (EXIT), which the worker acknowledges (BYE). The
+messages, one line each, are container.messages': written and read there only.
 
 A data host (a heterogeneous job's host that runs no rank, container.data_host) takes part as a
 worker does, with `-` for a host key (it runs no sshd). Its script runs beside the training:
-when the script fails, or the host falls silent, the leader stops the training (`abort`) and
-the job fails with the data host's reason.
+when the script fails (it says ENDED), or the host falls silent, the leader stops the training
+(`abort`) and the job fails with the data host's reason.
 
 Hosts start in any order: a worker retries until `leader_timeout`, the leader waits
 `host_timeout` for every worker. Both sides send PING every second from the first contact, so
@@ -23,26 +18,33 @@ after `heartbeat_timeout` naming the leader, and a worker that goes silent befor
 starts fails the job naming that worker. A worker exits within a second of the leader's
 mpirun ending, with the leader's exit code and the root cause.
 
+The leader's state is written down: the job's `Phase` (gathering the hosts, running,
+finished) and each admitted host's `PeerState` (joined, ready, failed, lost, left). A host
+lost while the job runs, or a data host's failed script, is the root cause of the job's
+failure (`Leader.root_cause`).
+
 Only the cluster is heard. The coordinator listens on the leader's cluster address and
 accepts `HELLO <host>` only from the address `<host>` resolves to, only once per host and
-only before the job runs; anyone else is logged and disconnected before seeing the key. Input
-is bounded: lines of at most MAX_LINE bytes, HELLO within HELLO_TIMEOUT of connecting and
-READY within HANDSHAKE_TIMEOUT, at most MAX_PENDING connections that have not said who they
-are. Each connection has its own threads and a send timeout, so one slow or dead peer never
-delays another's heartbeats.
+only before the job runs (`_Gate`); anyone else is logged and disconnected before seeing the
+key. Input is bounded: lines of at most MAX_LINE bytes, HELLO within HELLO_TIMEOUT of
+connecting and READY within HANDSHAKE_TIMEOUT, at most MAX_PENDING connections that have not
+said who they are. Each connection has its own threads and a send timeout, so one slow or dead
+peer never delays another's heartbeats.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 
-from container.failure import Outcome
+from container.failure import Outcome, relayed
+from container.messages import BYE, PING, MalformedMessage, Message, Verb, parse
 from container.network import address_of
 from job.errors import PlatformError, TrainError
 from job.protocol import FailureKind
@@ -64,7 +66,7 @@ class ProtocolError(Exception):
 
 
 class _Connection:
-    """One peer: lines in with deadlines, lines out under a lock, PING every second."""
+    """One peer: lines in with deadlines, messages out under a lock, PING every second."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -73,12 +75,12 @@ class _Connection:
         self.lock = threading.Lock()
         self.closed = threading.Event()
 
-    def send(self, line: str) -> bool:
+    def send(self, message: Message) -> bool:
         with self.lock:
             if self.closed.is_set():
                 return False
             try:
-                self.sock.sendall(line.encode() + b"\n")
+                self.sock.sendall(message.line().encode() + b"\n")
                 return True
             except OSError:
                 self._close()
@@ -103,12 +105,24 @@ class _Connection:
             raise ProtocolError(f"a line longer than {MAX_LINE} bytes")
         return line.decode(errors="replace")
 
+    def next_message(self, deadline: float, silence: float) -> Message | None:
+        """The next message that is not a heartbeat; None at end of stream; TimeoutError when
+        the peer is silent for `silence` seconds or the deadline passes; MalformedMessage for a
+        line that is no message."""
+        while True:
+            line = self.read(min(deadline, time.monotonic() + silence))
+            if line is None:
+                return None
+            message = parse(line)
+            if message.verb is not Verb.PING:
+                return message
+
     def ping_until_closed(self) -> None:
         threading.Thread(target=self._ping, daemon=True, name="heartbeat").start()
 
     def _ping(self) -> None:
         while not self.closed.wait(HEARTBEAT_INTERVAL):
-            self.send("PING")
+            self.send(PING)
 
     def close(self) -> None:
         with self.lock:
@@ -124,33 +138,235 @@ class _Connection:
             self.sock.close()
 
 
-def _exit_line(outcome: Outcome, verb: str = "EXIT") -> str:
-    kind = outcome.kind.value if outcome.kind else "ok"
-    return f"{verb} {outcome.exit_code} {kind} {json.dumps(outcome.reason)}"
+class _Gate:
+    """Admission: how many connections may wait to say who they are, and whether a HELLO is
+    believed. Its own lock: a stranger's refusal never waits on the job's state."""
+
+    def __init__(self, hosts: set[str]):
+        self.hosts = hosts
+        self.addresses: dict[str, str] = {}  # host -> the address it must come from
+        self.pending = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> bool:
+        """Room for one more connection that has not said who it is (at most MAX_PENDING)."""
+        with self.lock:
+            admitted = self.pending < MAX_PENDING
+            self.pending += admitted
+            return admitted
+
+    def leave(self) -> None:
+        """A connection said who it is, or gave up."""
+        with self.lock:
+            self.pending -= 1
+
+    def authenticate(self, hello: str, peer_address: str) -> str | None:
+        """The host a HELLO line names, if it is one of the job's and came from its address;
+        None (the refusal logged) otherwise."""
+        try:
+            message: Message | None = parse(hello)
+        except MalformedMessage:
+            message = None
+        host = message.text if message and message.verb is Verb.HELLO else ""
+        refusal = (
+            self._refusal(host, peer_address)
+            if host
+            else f"expected HELLO <host>, got {hello[:80]!r}"
+        )
+        if refusal:
+            log(f"coordinator: refused a connection from {peer_address}: {refusal}")
+            return None
+        return host
+
+    def _refusal(self, host: str, peer_address: str) -> str | None:
+        if host not in self.hosts:
+            return f"{host[:80]!r} is not a worker of this job"
+        try:
+            expected = self.address_of(host)
+        except OSError as error:
+            return f"{host} does not resolve here ({error})"
+        if peer_address != expected:
+            return f"it claims to be {host}, which resolves to {expected}"
+        return None
+
+    def address_of(self, host: str) -> str:
+        """A worker's address, looked up once: a name service that stalls for a moment (podman's
+        resolver reloads as a container joins the network; glibc then waits 5 s per server)
+        must not keep a stranger's refusal waiting, nor a worker's second attempt. It is also
+        the address mpirun's ssh is pinned to (sshd.client_config): the one the worker came from."""
+        if host not in self.addresses:
+            self.addresses[host] = address_of(host)
+        return self.addresses[host]
 
 
-def ended_line(outcome: Outcome) -> str:
-    """What a data host sends the leader when its script failed."""
-    return _exit_line(outcome, "ENDED")
+class Phase(Enum):
+    """Where the job is, as the leader sees it (torchrun's agent has its WorkerState)."""
+
+    GATHERING = "gathering"  # hosts join and get ready; one lost now fails the start
+    RUNNING = "running"  # every host is ready, the job runs; one lost now is the root cause
+    FINISHED = "finished"  # the outcome is known and sent to every host, and to late comers
 
 
-def _outcome(line: str) -> Outcome:
-    """The Outcome of an EXIT or ENDED line; ValueError unless it is one the launcher can end
-    a job with: a text reason, an exit code a process can have, a kind exactly when the code
-    is not 0 (the peer is dropped then, not the coordinator)."""
-    _, code, kind, reason = line.split(" ", 3)
-    try:
-        text = json.loads(reason)
-    except RecursionError:  # valid JSON nested past the parser's depth
-        raise ValueError("an outcome nested too deeply") from None
-    outcome = Outcome(None if kind == "ok" else FailureKind(kind), text, int(code))
-    if (
-        not isinstance(text, str)
-        or not 0 <= outcome.exit_code <= 255
-        or (outcome.kind is None) != (outcome.exit_code == 0)
-    ):
-        raise ValueError(f"not an outcome: {line[:200]!r}")
-    return outcome
+class PeerState(Enum):
+    """Where one admitted host is."""
+
+    JOINED = "joined"  # its HELLO was believed and it has the key; its answer is awaited
+    READY = "ready"  # it reported ready with its host key
+    FAILED = "failed"  # it could not get ready, or was lost before the job ran
+    LOST = "lost"  # it fell silent or its connection closed while the job ran
+    LEFT = "left"  # it said BYE: it has the outcome
+
+
+@dataclass
+class Peer:
+    """An admitted host: its connection and state, and what it said or what became of it."""
+
+    connection: _Connection
+    state: PeerState = PeerState.JOINED
+    host_key: str = ""  # READY's; kept after it is lost or has left
+    why: str = ""  # why it FAILED or was LOST
+    ended: Outcome | None = None  # a data host's failed script (ENDED)
+
+
+class _Roster:
+    """The job's phase and every admitted host's state, under one Condition that the waits
+    for readiness and for the outcome's delivery wait on. The first host to fail, to be lost
+    and to end is kept: the job's failure names it (root_cause), whatever happened later."""
+
+    def __init__(self, hosts: set[str]):
+        self.hosts = hosts
+        self.condition = threading.Condition()
+        self.phase = Phase.GATHERING
+        self.outcome: Outcome | None = None
+        self.peers: dict[str, Peer] = {}
+        self.first_failed: str | None = None
+        self.first_lost: str | None = None
+        self.first_ended: str | None = None
+
+    def join(self, host: str, connection: _Connection) -> Outcome | bool:
+        """The outcome when the job has ended (the late comer is told it); else whether the
+        host joined: once per host, and only while the hosts gather."""
+        with self.condition:
+            if self.outcome is not None:
+                return self.outcome
+            if host in self.peers or self.phase is not Phase.GATHERING:
+                return False
+            self.peers[host] = Peer(connection)
+            return True
+
+    def ready(self, host: str, host_key: str) -> None:
+        with self.condition:
+            peer = self.peers[host]
+            peer.state, peer.host_key = PeerState.READY, host_key
+            self.condition.notify_all()
+
+    def fail(self, host: str, why: str) -> None:
+        with self.condition:
+            self._set(host, PeerState.FAILED, why)
+            self.condition.notify_all()
+
+    def lose(self, host: str, why: str) -> bool:
+        """Record that the host was lost; False when that no longer matters (the job has
+        finished, or the host had the outcome)."""
+        with self.condition:
+            peer = self.peers[host]
+            if self.phase is Phase.FINISHED or peer.state is PeerState.LEFT:
+                return False
+            if self.phase is Phase.GATHERING:
+                if peer.state is not PeerState.FAILED:
+                    self._set(host, PeerState.FAILED, f"lost contact before the job started: {why}")
+            elif peer.state is not PeerState.LOST:
+                self._set(host, PeerState.LOST, why)
+            self.condition.notify_all()
+            return True
+
+    def end(self, host: str, outcome: Outcome) -> None:
+        """A data host's script failed: the first report of each host counts."""
+        with self.condition:
+            peer = self.peers[host]
+            if peer.ended is None:
+                peer.ended = outcome
+                self.first_ended = self.first_ended or host
+
+    def leave(self, host: str) -> None:
+        with self.condition:
+            self.peers[host].state = PeerState.LEFT
+            self.condition.notify_all()
+
+    def _set(self, host: str, state: PeerState, why: str) -> None:
+        peer = self.peers[host]
+        peer.state, peer.why = state, why
+        if state is PeerState.FAILED:
+            self.first_failed = self.first_failed or host
+        if state is PeerState.LOST:
+            self.first_lost = self.first_lost or host
+
+    def wait_ready(self, timeout: float) -> dict[str, str]:
+        """Block until every host is ready (the job then runs); returns host -> host key.
+        PlatformError naming the first host that could not, or those that never said."""
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while True:
+                if self.first_failed is not None:
+                    host = self.first_failed
+                    raise PlatformError(
+                        f"worker {host} could not get ready: {self.peers[host].why}"
+                    )
+                missing = sorted(
+                    host
+                    for host in self.hosts
+                    if host not in self.peers or not self.peers[host].host_key
+                )
+                if not missing:
+                    self.phase = Phase.RUNNING
+                    return {host: peer.host_key for host, peer in self.peers.items()}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PlatformError(
+                        f"these workers never reported ready within {timeout:g} s: "
+                        f"{', '.join(missing)} (is the container running there, and can it "
+                        f"reach this leader?)"
+                    )
+                self.condition.wait(left)
+
+    def root_cause(self, outcome: Outcome) -> Outcome:
+        """The job's outcome, or the host that caused its failure: a data host whose script
+        failed, else a host lost while the job ran."""
+        with self.condition:
+            lost_host, ended_host = self.first_lost, self.first_ended
+            why = self.peers[lost_host].why if lost_host else ""
+            ended = self.peers[ended_host].ended if ended_host else None
+        if outcome.kind is not None and ended is not None:
+            return Outcome(
+                FailureKind.CLUSTER,
+                f"data host {ended_host}: {ended.reason}; the training on every host was stopped",
+                ended.exit_code,
+            )
+        if outcome.kind is None or lost_host is None:
+            return outcome
+        return Outcome.failed(
+            FailureKind.CLUSTER,
+            (
+                f"lost contact with host {lost_host}: {why} (host killed, out of memory or "
+                f"network down); the job on every host was stopped"
+            ),
+        )
+
+    def finish(self, outcome: Outcome) -> dict[str, Peer]:
+        """The job has ended: the hosts to tell."""
+        with self.condition:
+            self.phase, self.outcome = Phase.FINISHED, outcome
+            return dict(self.peers)
+
+    def wait_told(self, peers: dict[str, Peer], timeout: float) -> None:
+        """Block until every host of `peers` has the outcome or is gone, at most `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while time.monotonic() < deadline and not all(
+                peer.state is PeerState.LEFT or peer.connection.closed.is_set()
+                for peer in peers.values()
+            ):
+                self.condition.wait(deadline - time.monotonic())
 
 
 class Leader:
@@ -167,21 +383,12 @@ class Leader:
         data_hosts: tuple[str, ...] = (),
     ):
         self.data_hosts = set(data_hosts)
-        self.workers = set(workers) | self.data_hosts
+        hosts = set(workers) | self.data_hosts
+        self.gate = _Gate(hosts)
+        self.roster = _Roster(hosts)
         self.abort = threading.Event()  # set when a data host ended the job: stop the ranks
-        self.ended: dict[str, Outcome] = {}  # data hosts whose script failed, and how
         self.public_key = public_key
         self.heartbeat_timeout = heartbeat_timeout
-        self.host_keys: dict[str, str] = {}
-        self.failures: dict[str, str] = {}
-        self.lost: dict[str, str] = {}  # workers lost while the job ran, and why
-        self.peers: dict[str, _Connection] = {}
-        self.said_bye: set[str] = set()
-        self.addresses: dict[str, str] = {}
-        self.pending = 0
-        self.running = False
-        self.outcome: Outcome | None = None
-        self.condition = threading.Condition()
         try:
             self.server = socket.create_server((address, port))
         except OSError as error:
@@ -191,6 +398,11 @@ class Leader:
                 f"coordinator_port"
             ) from None
         threading.Thread(target=self._accept, daemon=True, name="coordinator").start()
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """host -> the address it came from (mpirun's ssh is pinned to it)."""
+        return self.gate.addresses
 
     def _accept(self) -> None:
         while True:
@@ -202,10 +414,7 @@ class Leader:
                 log(f"coordinator: accept failed ({error}); still listening")
                 time.sleep(0.1)
                 continue
-            with self.condition:
-                admitted = self.pending < MAX_PENDING
-                self.pending += admitted
-            if not admitted:
+            if not self.gate.enter():
                 sock.close()
                 continue
             try:
@@ -215,8 +424,7 @@ class Leader:
             except Exception as error:  # no thread to be had: drop this one, keep listening
                 log(f"coordinator: cannot serve {peer_address} ({error}); still listening")
                 sock.close()
-                with self.condition:
-                    self.pending -= 1
+                self.gate.leave()
 
     def _serve(self, peer: _Connection, peer_address: str) -> None:
         host = None
@@ -226,195 +434,113 @@ class Leader:
                 self._follow(peer, host)
         except (OSError, ProtocolError, ValueError) as error:
             log(f"coordinator: dropped {host or peer_address}: {error or type(error).__name__}")
-            self._lost(host, f"broke the protocol or the connection: {error}")
+            if host:
+                self._lost(host, f"broke the protocol or the connection: {error}")
         except Exception as error:  # the coordinator must outlive any one connection
             log(f"coordinator: internal error serving {host or peer_address}: {error!r}")
         finally:
             peer.close()
-            with self.condition:
-                self.condition.notify_all()  # finish() waits for open connections only
+            with self.roster.condition:
+                self.roster.condition.notify_all()  # finish() waits for open connections only
 
     def _admit(self, peer: _Connection, peer_address: str) -> str | None:
-        """The worker's host name once its HELLO is accepted and it has the key, else None."""
+        """The worker's host name once its HELLO is believed and it reported ready, else None."""
         started = time.monotonic()
         try:
             hello = peer.read(started + HELLO_TIMEOUT) or ""
         finally:
-            with self.condition:
-                self.pending -= 1
-        host = hello[len("HELLO ") :].strip() if hello.startswith("HELLO ") else ""
-        refusal = self._refusal(host, hello, peer_address)
-        if refusal:
-            log(f"coordinator: refused a connection from {peer_address}: {refusal}")
+            self.gate.leave()
+        host = self.gate.authenticate(hello, peer_address)
+        if host is None:
             return None
-        with self.condition:
-            if self.outcome is not None:
-                peer.send(_exit_line(self.outcome))
-                return None
-            if host in self.peers or self.running:
-                log(f"coordinator: refused a second connection for {host} from {peer_address}")
-                return None
-            self.peers[host] = peer
-        peer.send(f"KEY {self.public_key}")
+        joined = self.roster.join(host, peer)
+        if isinstance(joined, Outcome):
+            peer.send(Message(Verb.EXIT, outcome=joined))
+            return None
+        if not joined:
+            log(f"coordinator: refused a second connection for {host} from {peer_address}")
+            return None
+        peer.send(Message(Verb.KEY, self.public_key))
         peer.ping_until_closed()
-        try:
-            answer = (
-                self._next_line(peer, started + HANDSHAKE_TIMEOUT)
-                or "FAIL it closed the connection before reporting ready"
-            )
-        except TimeoutError:
-            answer = (
-                f"FAIL it went silent for {self.heartbeat_timeout:g} s or did not report "
-                f"ready within {HANDSHAKE_TIMEOUT:g} s"
-            )
-        except (OSError, ProtocolError) as error:  # its failure, not a wait until host_timeout
-            answer = f"FAIL it broke the protocol or the connection: {error}"
-        verb, _, rest = answer.partition(" ")
-        with self.condition:
-            if verb == "READY" and rest.strip():
-                self.host_keys[host] = rest.strip()
-            else:
-                self.failures[host] = rest if verb == "FAIL" else f"unexpected {verb!r}"
-            self.condition.notify_all()
-        return host if verb == "READY" else None
-
-    def _refusal(self, host: str, hello: str, peer_address: str) -> str | None:
-        if not host:
-            return f"expected HELLO <host>, got {hello[:80]!r}"
-        if host not in self.workers:
-            return f"{host[:80]!r} is not a worker of this job"
-        try:
-            expected = self._address_of(host)
-        except OSError as error:
-            return f"{host} does not resolve here ({error})"
-        if peer_address != expected:
-            return f"it claims to be {host}, which resolves to {expected}"
+        answer = self._answer(peer, started + HANDSHAKE_TIMEOUT)
+        if answer.verb is Verb.READY:
+            self.roster.ready(host, answer.text)
+            return host
+        self.roster.fail(host, answer.text)
         return None
 
-    def _address_of(self, host: str) -> str:
-        """A worker's address, looked up once: a name service that stalls for a moment (podman's
-        resolver reloads as a container joins the network; glibc then waits 5 s per server)
-        must not keep a stranger's refusal waiting, nor a worker's second attempt. It is also
-        the address mpirun's ssh is pinned to (sshd.client_config): the one the worker came from."""
-        if host not in self.addresses:
-            self.addresses[host] = address_of(host)
-        return self.addresses[host]
-
-    def _next_line(self, peer: _Connection, deadline: float) -> str | None:
-        """The next line that is not a heartbeat; socket.timeout when the worker is silent for
-        heartbeat_timeout or the deadline passes."""
-        while True:
-            line = peer.read(min(deadline, time.monotonic() + self.heartbeat_timeout))
-            if line != "PING":
-                return line
+    def _answer(self, peer: _Connection, deadline: float) -> Message:
+        """The worker's answer to KEY: READY, or a FAIL with why it will not be ready, its own or
+        the leader's (it went silent, closed the connection or broke the protocol: named now,
+        not after host_timeout)."""
+        try:
+            answer = peer.next_message(deadline, self.heartbeat_timeout)
+        except TimeoutError:
+            return Message(
+                Verb.FAIL,
+                f"it went silent for {self.heartbeat_timeout:g} s or did not report "
+                f"ready within {HANDSHAKE_TIMEOUT:g} s",
+            )
+        except (OSError, ProtocolError, MalformedMessage) as error:
+            return Message(Verb.FAIL, f"it broke the protocol or the connection: {error}")
+        if answer is None:
+            return Message(Verb.FAIL, "it closed the connection before reporting ready")
+        if answer.verb in (Verb.READY, Verb.FAIL):
+            return answer
+        return Message(Verb.FAIL, f"unexpected {answer.verb.value!r}")
 
     def _follow(self, peer: _Connection, host: str) -> None:
         """After READY: the worker's heartbeats until BYE; silence or a close means it is lost."""
         while True:
             try:
-                line = self._next_line(peer, float("inf"))
+                message = peer.next_message(float("inf"), self.heartbeat_timeout)
             except TimeoutError:
                 self._lost(host, f"silent for {self.heartbeat_timeout:g} s")
                 return
-            if line == "BYE":
-                with self.condition:
-                    self.said_bye.add(host)
-                    self.condition.notify_all()
-                return
-            if line is not None and line.startswith("ENDED ") and host in self.data_hosts:
-                ended = _outcome(line)
-                if ended.kind is None:  # its script failed, or it would not say ENDED
-                    raise ValueError(f"ENDED without a failure: {line[:200]!r}")
-                log(f"coordinator: the script on data host {host} failed: {ended.reason}")
-                with self.condition:
-                    self.ended.setdefault(host, ended)
-                self.abort.set()
-                continue
-            if line is None:
+            except MalformedMessage as error:
+                if error.verb is Verb.ENDED and host in self.data_hosts:
+                    raise  # a data host that cannot say how its script ended is dropped
+                continue  # a worker's stray line: it has nothing more to tell the leader
+            if message is None:
                 self._lost(host, "it closed the connection")
                 return
-            if line.startswith("READY"):
+            if message.verb is Verb.BYE:
+                self.roster.leave(host)
+                return
+            if message.verb is Verb.ENDED and message.outcome and host in self.data_hosts:
+                log(f"coordinator: the script on data host {host} failed: {message.outcome.reason}")
+                self.roster.end(host, message.outcome)
+                self.abort.set()
+            elif message.verb is Verb.READY:
                 log(f"coordinator: ignored a second READY from {host}")
 
-    def _lost(self, host: str | None, why: str) -> None:
-        with self.condition:
-            if host is None or self.outcome is not None or host in self.said_bye:
-                return
-            if not self.running:
-                self.failures.setdefault(host, f"lost contact before the job started: {why}")
-            else:
-                self.lost.setdefault(host, why)
-            self.condition.notify_all()
+    def _lost(self, host: str, why: str) -> None:
+        if not self.roster.lose(host, why):
+            return
         log(f"coordinator: lost contact with worker {host}: {why}")
         if host in self.data_hosts:  # no rank of its own fails with it: stop them
             self.abort.set()
 
     def wait_ready(self, timeout: float) -> dict[str, str]:
         """Block until every worker is ready; returns host -> sshd host key."""
-        deadline = time.monotonic() + timeout
-        with self.condition:
-            while True:
-                if self.failures:
-                    host, reason = next(iter(self.failures.items()))
-                    raise PlatformError(f"worker {host} could not get ready: {reason}")
-                missing = sorted(self.workers - set(self.host_keys))
-                if not missing:
-                    self.running = True
-                    return {
-                        host: key
-                        for host, key in self.host_keys.items()
-                        if host not in self.data_hosts
-                    }
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PlatformError(
-                        f"these workers never reported ready within {timeout:g} s: "
-                        f"{', '.join(missing)} (is the container running there, and can it "
-                        f"reach this leader?)"
-                    )
-                self.condition.wait(left)
+        keys = self.roster.wait_ready(timeout)
+        return {host: key for host, key in keys.items() if host not in self.data_hosts}
 
     def root_cause(self, outcome: Outcome) -> Outcome:
         """A failed job whose worker host vanished while it ran failed because of that host:
         the ranks' own errors (a peer's connection reset, seen in about a second with
         TensorFlow's collectives) are its consequence, whichever mpirun reported first."""
-        with self.condition:
-            lost = next(iter(self.lost.items()), None)
-            ended = next(iter(self.ended.items()), None)
-        if outcome.kind is not None and ended is not None:
-            host, how = ended
-            return Outcome(
-                FailureKind.CLUSTER,
-                f"data host {host}: {how.reason}; the training on every host was stopped",
-                how.exit_code,
-            )
-        if outcome.kind is None or lost is None:
-            return outcome
-        host, why = lost
-        return Outcome.failed(
-            FailureKind.CLUSTER,
-            (
-                f"lost contact with host {host}: {why} (host killed, out of memory or network "
-                f"down); the job on every host was stopped"
-            ),
-        )
+        return self.roster.root_cause(outcome)
 
     def finish(self, outcome: Outcome, timeout: float = 5.0) -> None:
         """Tell every connected worker the outcome and wait (briefly) until they have it."""
-        with self.condition:
-            self.outcome = outcome
-            peers = dict(self.peers)
+        peers = self.roster.finish(outcome)
+        exit_message = Message(Verb.EXIT, outcome=outcome)
         for peer in peers.values():  # each its own thread: a stuck peer delays no other
-            threading.Thread(target=peer.send, args=(_exit_line(outcome),), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        with self.condition:
-            while time.monotonic() < deadline and any(
-                host not in self.said_bye and not peer.closed.is_set()
-                for host, peer in peers.items()
-            ):
-                self.condition.wait(deadline - time.monotonic())
+            threading.Thread(target=peer.connection.send, args=(exit_message,), daemon=True).start()
+        self.roster.wait_told(peers, timeout)
         for peer in peers.values():
-            peer.close()
+            peer.connection.close()
         self.close()
 
     def close(self) -> None:
@@ -435,13 +561,13 @@ def follow_leader(
     leader_timeout: float,
     heartbeat_timeout: float,
     on_key: Callable[[str], str],
-    on_ready: Callable[[Callable[[str], bool]], None] = lambda send: None,
+    on_ready: Callable[[Callable[[Message], bool]], None] = lambda send: None,
 ) -> Outcome:
     """The worker's side: the job's outcome as the leader reports it.
 
     `address` is this host's cluster address (the leader accepts this host only from it);
     `on_key(public_key)` prepares this host (starts its sshd) and returns the host key;
-    `on_ready(send)` runs once the leader has it, with a way to send the leader a line later
+    `on_ready(send)` runs once the leader has it, with a way to send the leader a message later
     (a data host's ENDED). A leader that closes the connection before answering (it is busy:
     too many connections) is tried again until `leader_timeout`.
     """
@@ -449,10 +575,10 @@ def follow_leader(
     while True:
         peer = _Connection(_connect(leader, port, address, deadline, leader_timeout))
         try:
-            peer.send(f"HELLO {host}")
+            peer.send(Message(Verb.HELLO, host))
             peer.ping_until_closed()
             try:
-                line = _expect(peer, leader, heartbeat_timeout)
+                message = _hear(peer, leader, heartbeat_timeout)
             except _Closed:
                 if time.monotonic() < deadline:
                     time.sleep(1.0)
@@ -462,41 +588,48 @@ def follow_leader(
                     f"({leader_timeout:g} s): does {host} resolve on the leader to this host's "
                     f"address {address}?"
                 ) from None
-            return (
-                line
-                if isinstance(line, Outcome)
-                else _serve_leader(peer, line, leader, heartbeat_timeout, on_key, on_ready)
-            )
+            if message.outcome is not None and message.verb is Verb.EXIT:
+                return message.outcome  # the job ended before this host joined
+            if message.verb is not Verb.KEY:
+                raise _unexpected(leader, message, "the job's key")
+            return _serve_leader(peer, message.text, leader, heartbeat_timeout, on_key, on_ready)
         finally:
             peer.close()
 
 
 def _serve_leader(
     peer: _Connection,
-    key_line: str,
+    public_key: str,
     leader: str,
     heartbeat_timeout: float,
     on_key: Callable[[str], str],
-    on_ready: Callable[[Callable[[str], bool]], None],
+    on_ready: Callable[[Callable[[Message], bool]], None],
 ) -> Outcome:
     try:
-        host_key = on_key(key_line.partition(" ")[2])
+        host_key = on_key(public_key)
     except TrainError as error:
-        peer.send(f"FAIL {error}")
+        peer.send(Message(Verb.FAIL, str(error)))
         raise
-    peer.send(f"READY {host_key}")
+    peer.send(Message(Verb.READY, host_key))
     on_ready(peer.send)
     try:
-        outcome = _expect(peer, leader, heartbeat_timeout)
+        message = _hear(peer, leader, heartbeat_timeout)
     except _Closed:
         raise PlatformError(
             f"lost contact with the leader {leader}: it closed the "
             f"connection before reporting the job's outcome"
         ) from None
-    if not isinstance(outcome, Outcome):
-        raise PlatformError(f"the leader {leader} sent {outcome[:80]!r} instead of the outcome")
-    peer.send("BYE")
-    return outcome
+    if message.outcome is None or message.verb is not Verb.EXIT:
+        raise _unexpected(leader, message, "the outcome")
+    peer.send(BYE)
+    return message.outcome
+
+
+def leaders_outcome(outcome: Outcome, host: str, leader: str) -> Outcome:
+    """How a worker or a data host ends: it says what the leader reported and returns this
+    host's copy of the outcome (container.failure.relayed)."""
+    log(f"the leader {leader} reports exit code {outcome.exit_code}")
+    return relayed(outcome, host, leader)
 
 
 def _connect(
@@ -522,26 +655,25 @@ class _Closed(Exception):
     """The leader closed the connection."""
 
 
-def _expect(peer: _Connection, leader: str, timeout: float) -> str | Outcome:
-    """The leader's next line that is not a heartbeat, as an Outcome if it is EXIT."""
+def _hear(peer: _Connection, leader: str, timeout: float) -> Message:
+    """The leader's next message that is not a heartbeat."""
     try:
-        while (line := peer.read(time.monotonic() + timeout)) == "PING":
-            pass
+        message = peer.next_message(float("inf"), timeout)
     except TimeoutError:
         raise PlatformError(
             f"lost contact with the leader {leader}: silent for {timeout:g} s"
         ) from None
     except ConnectionResetError:
         raise _Closed() from None
+    except MalformedMessage as error:
+        what = "a malformed outcome" if error.verb is Verb.EXIT else "a line that is no message"
+        raise PlatformError(f"the leader {leader} sent {what}: {error.line[:200]!r}") from None
     except (OSError, ProtocolError) as error:
         raise PlatformError(f"lost contact with the leader {leader}: {error}") from None
-    if line is None:
+    if message is None:
         raise _Closed()
-    if not line.startswith("EXIT "):
-        return line
-    try:
-        return _outcome(line)
-    except ValueError:
-        raise PlatformError(
-            f"the leader {leader} sent a malformed outcome: {line[:200]!r}"
-        ) from None
+    return message
+
+
+def _unexpected(leader: str, message: Message, expected: str) -> PlatformError:
+    return PlatformError(f"the leader {leader} sent {message.line()[:80]!r} instead of {expected}")

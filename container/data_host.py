@@ -30,8 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from container import network
-from container.coordination import ended_line, follow_leader
-from container.failure import Outcome, relayed
+from container.coordination import follow_leader, leaders_outcome
+from container.failure import Outcome
+from container.messages import Message, Verb
 from container.plan import LaunchPlan
 from container.supervisor import run_supervised
 from job.errors import TrainError
@@ -45,7 +46,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     ready, ended = threading.Event(), threading.Event()
     link: dict[str, Any] = {}  # send, outcome or error, whichever the thread set
 
-    def joined(send: Callable[[str], bool]) -> None:
+    def joined(send: Callable[[Message], bool]) -> None:
         link["send"] = send
         ready.set()
 
@@ -82,12 +83,8 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
         )
         # A stop reaches every host: the leader stops the ranks itself, with a checkpoint.
         if outcome.exit_code and outcome.kind != FailureKind.STOPPED and not ended.is_set():
-            link["send"](ended_line(outcome))
+            link["send"](Message(Verb.ENDED, outcome=outcome))
     ended.wait()
     if "error" in link:
         raise link["error"]
-    outcome = link["outcome"]
-    print(
-        f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}", flush=True
-    )
-    return relayed(outcome, cluster.current_host, cluster.leader)
+    return leaders_outcome(link["outcome"], cluster.current_host, cluster.leader)

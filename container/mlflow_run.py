@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from container.failure import Outcome
-from container.plan import IMAGES, LaunchPlan
+from container.plan import LaunchPlan
 from job import notices
 from job.paths import MlPaths
 from job.protocol import FailureKind
@@ -34,6 +34,7 @@ from job.tracking import (
     read_token,
     start_run,
 )
+from job.validated import IMAGES
 
 FAILURE_TAG_LIMIT = 5000  # characters of the failure reason kept in a tag
 

@@ -1,4 +1,5 @@
-"""The mpirun command line, built by pure functions so golden tests can pin every argument.
+"""The mpirun command line: a `Command` (data) that one pure function, `render`, turns into the
+argv, so golden tests can pin every argument and nothing parses the argv back.
 
 The defaults follow what AWS's sagemaker-training toolkit passes with the fixes its users asked
 for: user options given through the `mpi_options` hyperparameter *replace* a default with the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from job.errors import ConfigError
 
@@ -54,6 +55,18 @@ class Option:
         if name == "x":
             return f"x:{self.tokens[1].split('=', 1)[0]}"
         return {"H": "host", "n": "np", "c": "np"}.get(name, name)
+
+    @classmethod
+    def variable(cls, name: str, value: str | None = None) -> Option:
+        """`-x NAME=VALUE`, or `-x NAME` (mpirun's own value) when `value` is None."""
+        return cls(("-x", name if value is None else f"{name}={value}"))
+
+    @property
+    def variable_value(self) -> str | None:
+        """The value of a `-x NAME=VALUE` option; None for any other."""
+        if self.tokens[0].lstrip("-") != "x" or "=" not in self.tokens[1]:
+            return None
+        return self.tokens[1].split("=", 1)[1]
 
 
 def is_efa(instance_type: str) -> bool:
@@ -100,19 +113,58 @@ def merge_options(defaults: list[Option], overrides: list[Option]) -> list[Optio
     return merged + [option for option in overrides if option.key in by_key]
 
 
-def default_options(
-    *,
-    hosts: tuple[str, ...],
-    processes_per_host: int,
-    interface: str,
-    instance_type: str,
-    rank_env: dict[str, str],
-    ssh_args: str | None,
-    forwarded: tuple[str, ...] = (),
-) -> list[Option]:
-    """The launcher's defaults for one job. `ssh_args` is None on a single host (no ssh);
-    `forwarded` names variables every rank gets with mpirun's own value (`-x NAME`), unless
-    an option here already sets them."""
+@dataclass(frozen=True)
+class Command:
+    """One job's mpirun command as data: what `render` turns into the argv, once, where it is
+    logged and run. Nothing reads the argv back: what the ranks will be given is asked of
+    this (`rank_variable`), and what is known only once the job has started (its MLflow run,
+    a secret read then) is added with `started`, not spliced into a finished argv.
+
+    `environment`: every rank's variables, set by value (`-x NAME=VALUE`); `forwarded`: the
+    container's variables that ranks on other hosts get by name with mpirun's own value
+    (`-x NAME`); `user_options`: the job's `mpi_options`, each replacing the launcher's
+    option of the same key in place, new ones after; `ssh_args`: None on one host (no ssh).
+    """
+
+    hosts: tuple[str, ...]
+    processes_per_host: int
+    interface: str
+    instance_type: str
+    ssh_args: str | None
+    environment: Mapping[str, str]
+    program: tuple[str, ...]
+    forwarded: tuple[str, ...] = ()
+    user_options: tuple[Option, ...] = ()
+    # Known once the job has started; given to every rank on every host, first in the argv.
+    started_environment: Mapping[str, str] = field(default_factory=dict)
+    started_secrets: tuple[str, ...] = ()  # by name: the command line never holds a secret
+
+    def started(self, environment: Mapping[str, str], secrets: tuple[str, ...] = ()) -> Command:
+        """This command with every rank given `environment` too, and mpirun's own value of
+        each of `secrets`: values known only once the job has started (its MLflow run, a
+        token read from Secrets Manager), not when its plan was made."""
+        return replace(
+            self,
+            started_environment={**self.started_environment, **environment},
+            started_secrets=(*self.started_secrets, *secrets),
+        )
+
+    def rank_variable(self, name: str) -> str | None:
+        """The value the command sets for `name` in every rank: the job's `-x NAME=VALUE`
+        in mpi_options, else the launcher's `environment`, else the started one; None when it
+        sets no value (a name forwarded with `-x NAME` takes mpirun's own)."""
+        for option in reversed(self.user_options):
+            if option.key == f"x:{name}":
+                return option.variable_value
+        return self.environment.get(name, self.started_environment.get(name))
+
+
+def default_options(command: Command) -> list[Option]:
+    """The launcher's options for `command`, before the job's own: each of its `forwarded`
+    variables only where no option here already sets it, and only across hosts (local ranks
+    inherit mpirun's environment anyway)."""
+    hosts, processes_per_host = command.hosts, command.processes_per_host
+    interface, instance_type, ssh_args = command.interface, command.instance_type, command.ssh_args
     world_size = len(hosts) * processes_per_host
     multi_host = ssh_args is not None
     host_list = (
@@ -140,37 +192,29 @@ def default_options(
             Option(("-mca", "plm_rsh_args", ssh_args)),
             Option(("-mca", "btl_tcp_if_include", interface)),
             Option(("-mca", "oob_tcp_if_include", interface)),
-            Option(("-x", f"NCCL_SOCKET_IFNAME={interface}")),
+            Option.variable("NCCL_SOCKET_IFNAME", interface),
         ]
     if is_efa(instance_type):
-        options.append(Option(("-x", "FI_PROVIDER=efa")))
+        options.append(Option.variable("FI_PROVIDER", "efa"))
         if instance_type.startswith(EFA_RDMA_FAMILIES):
-            options.append(Option(("-x", "FI_EFA_USE_DEVICE_RDMA=1")))
-    explicit = [Option(("-x", f"{name}={value}")) for name, value in rank_env.items()]
-    if multi_host:  # local ranks inherit mpirun's environment anyway
+            options.append(Option.variable("FI_EFA_USE_DEVICE_RDMA", "1"))
+    explicit = [Option.variable(name, value) for name, value in command.environment.items()]
+    if multi_host:
         taken = {option.key for option in options + explicit}
         options += [
             option
-            for option in (Option(("-x", name)) for name in forwarded)
+            for option in (Option.variable(name) for name in command.forwarded)
             if option.key not in taken
         ]
     return options + explicit
 
 
-def build_argv(options: list[Option], rank_command: list[str]) -> list[str]:
-    return ["mpirun", *(token for option in options for token in option.tokens), *rank_command]
-
-
-def with_environment(
-    argv: tuple[str, ...], env: Mapping[str, str], forwarded: tuple[str, ...] = ()
-) -> tuple[str, ...]:
-    """`argv` with every rank given `env` too, and mpirun's own value of each `forwarded`
-    name (a secret, which the command line must not hold): values known only once the job
-    has started (its MLflow run, a token read from Secrets Manager), not when its plan was
-    made."""
-    return (
-        argv[0],
-        *(token for name, value in env.items() for token in ("-x", f"{name}={value}")),
-        *(token for name in forwarded for token in ("-x", name)),
-        *argv[1:],
-    )
+def render(command: Command) -> tuple[str, ...]:
+    """The argv of `command`: the launcher's defaults for its hosts and environment, merged
+    with the job's options, then the program every rank runs."""
+    started = [
+        *(Option.variable(name, value) for name, value in command.started_environment.items()),
+        *(Option.variable(name) for name in command.started_secrets),
+    ]
+    options = started + merge_options(default_options(command), list(command.user_options))
+    return ("mpirun", *(token for option in options for token in option.tokens), *command.program)

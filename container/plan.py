@@ -25,13 +25,19 @@ from job.batching import BatchPlan, plan_batches
 from job.errors import ConfigError
 from job.hyperparameters import decode
 from job.launch_config import LaunchConfig
+from job.mesh import Mesh, forced_devices
 from job.rank_job import DATA_HOST_ENV, DATA_SERVICE_ENV, Processes, RankJob
-from job.sagemaker_config import InstanceGroup, JobConfig, check_served_input, training_groups
-from job.source_code import SDK_CHANNELS
+from job.sagemaker_config import JobConfig, training_groups
 from job.trainer_config import JAX
-from job.validated import JobHyperparameters, submit_directory
+from job.validated import (
+    HOROVOD,
+    TENSORFLOW,
+    JobHyperparameters,
+    check_builtin_channels,
+    check_groups,
+    choose_backend,
+)
 
-BUILTIN_CHANNELS = ("train", "validation", "weights")
 # Horovod's stall check names the ranks the others have waited for in a collective for longer
 # than its period, checking once a period (so 1-2 periods after the wait began; Horovod's
 # default period is 60 s, 30 here: a rank that never comes is named within a minute or so).
@@ -107,7 +113,7 @@ class LaunchPlan:
     job: RankJob  # what every rank runs
     script_args: tuple[str, ...]
     ignored_hyperparameters: tuple[str, ...]
-    mpirun: tuple[str, ...]
+    command: mpirun.Command  # what the leader runs, as data (rendered by `mpirun`)
     # On a data host: the script alone, not under mpirun, and its environment.
     data_command: tuple[str, ...] = ()
     data_env: Mapping[str, str] = field(default_factory=dict)
@@ -117,21 +123,21 @@ class LaunchPlan:
         return self.job.batches
 
     @property
+    def mpirun(self) -> tuple[str, ...]:
+        """The argv the leader runs (and logs, and `--dry-run` prints)."""
+        return mpirun.render(self.command)
+
+    @property
     def stall_check(self) -> float | None:
         """The period of Horovod's stall check for this job (an `-x` in mpi_options replaces
         the default); None without Horovod or with the check disabled."""
         if self.job.tf_workers:
             return None
-        tokens = self.mpirun
-        values = dict(
-            tokens[index + 1].partition("=")[::2]
-            for index, token in enumerate(tokens[:-1])
-            if token == "-x" and "=" in tokens[index + 1]
-        )
-        if values.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in ("0", ""):
+        if (self.command.rank_variable("HOROVOD_STALL_CHECK_DISABLE") or "0") != "0":
             return None
+        period = self.command.rank_variable(STALL_CHECK)
         try:
-            seconds = float(values.get(STALL_CHECK, STALL_CHECK_SECONDS))
+            seconds = float(STALL_CHECK_SECONDS if period is None else period)
         except ValueError:
             return None
         return seconds if seconds > 0 else None
@@ -181,43 +187,6 @@ def rank_command(python: str, module: str, *args: str) -> list[str]:
     return [python, "-P", "-m", "mpi4py", "-m", module, *args]
 
 
-# The two stacks one Dockerfile builds (its STACK build argument), by what they synchronise with.
-HOROVOD, TENSORFLOW = "horovod", "tf"
-IMAGES = {
-    HOROVOD: "the Horovod image (TensorFlow 2.15, Keras 2; the default build)",
-    TENSORFLOW: "the TensorFlow 2.21 image (docker build --build-arg STACK=tf)",
-}
-BACKENDS = {
-    HOROVOD: "Horovod (sagemaker_mpi_enabled, the SDK's distribution={'mpi': ...})",
-    TENSORFLOW: "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_strategy_"
-    "enabled, distribution={'multi_worker_mirrored_strategy': ...})",
-}
-
-
-def choose_backend(launch: LaunchConfig, stack: str) -> str:
-    """What the ranks synchronise with: what the job asks for, else the image's own stack;
-    ConfigError naming the image to use when this image cannot serve the request."""
-    if launch.mpi_enabled and launch.multi_worker_mirrored_strategy:
-        raise ConfigError(
-            "the job enables both Horovod (sagemaker_mpi_enabled) and "
-            "MultiWorkerMirroredStrategy (sagemaker_multi_worker_mirrored_"
-            "strategy_enabled); set one distribution"
-        )
-    wanted = (
-        HOROVOD
-        if launch.mpi_enabled
-        else TENSORFLOW
-        if launch.multi_worker_mirrored_strategy
-        else stack
-    )
-    if wanted != stack:
-        raise ConfigError(
-            f"the job asks for {BACKENDS[wanted]}, which this image ("
-            f"{IMAGES[stack]}) does not have; run it on {IMAGES[wanted]}"
-        )
-    return wanted
-
-
 def processes_per_host(launch: LaunchConfig, gpu_count: int, backend: str = HOROVOD) -> int:
     """The hyperparameter when given, else Horovod's one rank per GPU (also the built-in
     trainer's on JAX: its batch plan is per device), else one (MultiWorkerMirroredStrategy: one
@@ -255,6 +224,18 @@ def processes(cluster: ClusterPlan, port: int, gpu_count: int) -> Processes:
         cluster.world_size,
         devices,
     )
+
+
+def trainer_mesh(layout: Processes, environ: Mapping[str, str], model_parallel: int) -> Mesh:
+    """The built-in trainer's data x model mesh on JAX, as the launcher can know it: each
+    process's GPUs, or on CPU XLA_FLAGS' forced device count; ConfigError when the model axis
+    does not fit it (every process checks again against the devices JAX finds)."""
+    local = len(layout.devices[0]) if layout.devices else forced_devices(environ)
+    mesh = Mesh(layout.count, local, model_parallel)
+    problem = mesh.problem()
+    if problem:
+        raise ConfigError(problem)
+    return mesh
 
 
 def script_arguments(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
@@ -364,6 +345,7 @@ def rank_environment(
         backend = keras_backend(launch, environ)
         if backend:
             env["KERAS_BACKEND"] = backend
+        env.update(launch.jax_heartbeat())  # longer than the watchdog's (train.jax_heartbeat)
     if gpu_count:
         env["NCCL_DEBUG"] = "WARN"
     else:
@@ -375,54 +357,6 @@ def rank_environment(
             }
         )
     return env
-
-
-def _check_builtin_channels(job: JobConfig) -> None:
-    # SDK 3's SourceCode brings its own two channels even when the command is our `train`.
-    sdk = SDK_CHANNELS if job.source_code else ()
-    unknown = sorted(set(job.channels) - set(BUILTIN_CHANNELS) - set(sdk))
-    if unknown:
-        raise ConfigError(
-            f"the built-in trainer reads channels {' and '.join(BUILTIN_CHANNELS)}; "
-            f"unknown channel(s): {', '.join(unknown)}"
-        )
-    if "train" not in job.channels and not job.paths.channel("train").is_dir():
-        raise ConfigError(
-            "the built-in trainer needs a `train` channel "
-            f"({job.paths.channel('train')} is missing); add an input channel "
-            "named train with CSV, NPZ, TFRecord or image files"
-        )
-    for channel in job.channels.values():
-        if channel.input_mode == "Pipe":
-            raise ConfigError(
-                f"channel {channel.name} uses Pipe input mode, which this "
-                "container does not read; use File or FastFile"
-            )
-
-
-def _check_groups(
-    training: tuple[InstanceGroup, ...],
-    data_hosts: tuple[str, ...],
-    launch: LaunchConfig,
-    job: JobConfig,
-    program: str,
-) -> None:
-    """What a heterogeneous job can run here: ranks per host the same on every training host;
-    for the built-in trainer, whose data hosts serve its input, a training channel that
-    reaches them whole."""
-    types = sorted({group.instance_type for group in training})
-    if len(types) > 1 and not launch.processes_per_host:
-        raise ConfigError(
-            f"the training instance groups have different instance types "
-            f"({', '.join(types)}): set processes_per_host, the ranks every one "
-            "of their hosts runs"
-        )
-    train = job.channels.get("train")
-    check_served_input(
-        builtin=not program,
-        data_groups=bool(data_hosts),
-        train_sharded=train is not None and train.sharded_by_host,
-    )
 
 
 def make_plan(
@@ -439,17 +373,12 @@ def make_plan(
     once by job.validated) and decide exactly what will run on this image's `stack`."""
     launch = settings.launch
     resources = job.resources
-    backend = choose_backend(launch, stack)
+    backend = choose_backend(settings, stack)
     keras_on_jax = settings.trainer is not None and settings.trainer.backend == JAX
-    if keras_on_jax and stack != TENSORFLOW:
-        raise ConfigError(
-            f"backend=jax trains the built-in model with Keras 3 on JAX, which "
-            f"{IMAGES[stack]} does not have; run it on {IMAGES[TENSORFLOW]}"
-        )
     training = training_groups(resources.instance_groups, launch.distribution_instance_groups)
     hosts = tuple(sorted(host for group in training for host in group.hosts))
     data_hosts = tuple(sorted(set(resources.hosts) - set(hosts)))
-    _check_groups(training, data_hosts, launch, job, settings.program)
+    check_groups(job, settings, training, data_hosts)
     cluster = ClusterPlan(
         hosts=hosts,
         current_host=resources.current_host,
@@ -465,23 +394,7 @@ def make_plan(
     args: tuple[str, ...] = ()
     trainer = settings.trainer
     if trainer is None:  # script mode: job.validated sets `program` and no trainer config
-        script = job.paths.code_dir / settings.program
-        if not script.resolve().is_relative_to(job.paths.code_dir.resolve()):
-            raise ConfigError(
-                f"script mode: program {settings.program!r} points outside the "
-                f"code folder {job.paths.code_dir}; give a path inside it, such "
-                "as 'train.py' or 'src/train.py'"
-            )
-        if not script.is_file():
-            origin = submit_directory(launch, environ)
-            raise ConfigError(
-                f"script mode: program {settings.program!r} is not in submit directory "
-                f"{origin}; fix sagemaker_program (the SDK's entry_point) or add the file to "
-                "source_dir"
-                if origin
-                else f"script mode: program {settings.program!r} not found at {script}; put it "
-                f"under {job.paths.code_dir} or fix sagemaker_program"
-            )
+        script = settings.program_file(job.paths.code_dir)
         args = script_arguments(settings.user)
         rank_job = RankJob(
             program=settings.program,
@@ -491,13 +404,19 @@ def make_plan(
         )
         command = rank_command(python, "train.script_runner", str(script), *args)
     else:
-        _check_builtin_channels(job)
+        check_builtin_channels(job)
+        mesh = (
+            trainer_mesh(layout, environ, trainer.model_parallel)
+            if keras_on_jax
+            else Mesh(cluster.world_size, 1)
+        )
         rank_job = RankJob(
             trainer=trainer,
             tf_workers=workers,
             processes=layout,
             batches=plan_batches(
-                world_size=cluster.world_size,
+                world_size=mesh.readers,
+                model_parallel=mesh.model_parallel,
                 global_batch_size=trainer.global_batch_size,
                 per_device_batch_size=trainer.per_device_batch_size,
                 max_device_batch_size=trainer.max_device_batch_size,
@@ -513,16 +432,19 @@ def make_plan(
         if data_hosts and not settings.program
         else ""
     )
-    defaults = mpirun.default_options(
+    mpirun_command = mpirun.Command(
         hosts=cluster.hosts,
         processes_per_host=cluster.processes_per_host,
         interface=cluster.interface,
         instance_type=cluster.instance_type,
-        rank_env=rank_environment(job, cluster, rank_job, gpu_count, environ, launch, data_service),
-        forwarded=forwarded_environment(environ),
         ssh_args=ssh_args,
+        environment=rank_environment(
+            job, cluster, rank_job, gpu_count, environ, launch, data_service
+        ),
+        program=tuple(command),
+        forwarded=forwarded_environment(environ),
+        user_options=tuple(mpirun.parse_options(launch.mpi_options)),
     )
-    options = mpirun.merge_options(defaults, mpirun.parse_options(launch.mpi_options))
     data_command: tuple[str, ...] = ()
     data_env: Mapping[str, str] = {}
     if cluster.is_data_host:
@@ -541,7 +463,7 @@ def make_plan(
         job=rank_job,
         script_args=args,
         ignored_hyperparameters=settings.ignored,
-        mpirun=tuple(mpirun.build_argv(options, command)),
+        command=mpirun_command,
         data_command=data_command,
         data_env=data_env,
     )

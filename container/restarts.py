@@ -71,7 +71,10 @@ def why_not_restart(outcome: Outcome, failed: list[Attempt], max_restarts: int) 
 
 
 def newest_checkpoint(directory: Path) -> str:
-    """The name of the newest entry of the checkpoint folder, by modification time."""
+    """The name of the newest entry of the checkpoint folder, by modification time: all a
+    restart needs is whether anything was saved since the last failure, and a user's script
+    names its checkpoints as it likes (Keras's ModelCheckpoint, Orbax, its own files), so the
+    product's `epoch-N` order (job.checkpoint_folders.newest_usable) cannot be assumed here."""
     try:
         entries = [entry for entry in directory.iterdir() if not entry.name.startswith(".")]
     except OSError:

@@ -60,12 +60,12 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from container import empty_model, mlflow_run, mpirun, network, source_dir, sshd
-from container.coordination import Leader, follow_leader
+from container import empty_model, mlflow_run, network, source_dir, sshd
+from container.coordination import Leader, follow_leader, leaders_outcome
 from container.data_host import run_data_host
-from container.failure import Outcome, relayed, write_failure
+from container.failure import Outcome, write_failure
 from container.init import become_init
-from container.plan import HOROVOD, TENSORFLOW, LaunchPlan, make_plan
+from container.plan import LaunchPlan, make_plan
 from container.restarts import run_with_restarts
 from container.session import adopt_orphans, end_descendants
 from container.supervisor import run_supervised
@@ -74,7 +74,7 @@ from job.errors import TrainError
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
-from job.validated import BUILTIN_ONLY_MARKER, validate_hyperparameters
+from job.validated import BUILTIN_ONLY_MARKER, HOROVOD, TENSORFLOW, validate_hyperparameters
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +130,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
             job.source_code,
             builtin_only=BUILTIN_ONLY_MARKER.exists(),
         )
-        source_dir.prepare(job, settings.launch)
+        source_dir.prepare(job, settings, os.environ)
         job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
         plan = make_plan(
             job,
@@ -150,7 +150,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         )
         os.environ.update(secret_env)  # mpirun's environment: its ranks', not its command's
         plan = dataclasses.replace(
-            plan, mpirun=mpirun.with_environment(plan.mpirun, run_env, forwarded=tuple(secret_env))
+            plan, command=plan.command.started(run_env, secrets=tuple(secret_env))
         )
         started = time.time()
         outcome = execute(plan, runtime, paths)
@@ -376,10 +376,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         for process in started:
             sshd.stop(process)
         end_descendants("every process the job left on this host", "the job has ended")
-    print(
-        f"launcher: the leader {cluster.leader} reports exit code {outcome.exit_code}", flush=True
-    )
-    return relayed(outcome, cluster.current_host, cluster.leader)
+    return leaders_outcome(outcome, cluster.current_host, cluster.leader)
 
 
 if __name__ == "__main__":

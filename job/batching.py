@@ -28,11 +28,19 @@ class BatchPlan:
     accumulation_steps: int
     base_learning_rate: float
     learning_rate: float
+    # Devices each model is split over (job.mesh): `world_size` then counts data-parallel
+    # replicas, each of model_parallel devices, not devices.
+    model_parallel: int = 1
 
     def derivation(self) -> str:
         """One line a person can check by hand."""
+        replicas = (
+            f"{self.world_size} device(s)"
+            if self.model_parallel == 1
+            else f"{self.world_size} data-parallel replica(s) of {self.model_parallel} devices"
+        )
         return (
-            f"global batch {self.global_batch} = {self.world_size} device(s) x "
+            f"global batch {self.global_batch} = {replicas} x "
             f"{self.accumulation_steps} accumulated micro-batch(es) x {self.micro_batch}; "
             f"learning rate {self.base_learning_rate:g} x {self.global_batch}/"
             f"base batch = {self.learning_rate:g}"
@@ -48,8 +56,11 @@ def plan_batches(
     learning_rate: float,
     base_batch_size: int,
     scale_learning_rate: bool,
+    model_parallel: int = 1,
 ) -> BatchPlan:
-    """Derive the per-device work of one optimizer step; ConfigError when impossible."""
+    """Derive the per-device work of one optimizer step; ConfigError when impossible.
+    With `model_parallel` > 1, `world_size` is the data-parallel replicas (job.mesh's readers):
+    a "device" below is one replica, whose batch its model_parallel devices share."""
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
     global_batch = global_batch_size or per_device_batch_size * world_size
@@ -73,4 +84,5 @@ def plan_batches(
         accumulation_steps=accumulation,
         base_learning_rate=learning_rate,
         learning_rate=learning_rate * scale,
+        model_parallel=model_parallel,
     )

@@ -8,6 +8,7 @@ sagemaker_job_name or sagemaker_region) is consumed and ignored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,14 @@ QUIET_END = 60.0
 # The shortest progress allowance the watchdog (container.watchdog) may be given: twice that
 # quiet. Shorter ones ended healthy jobs as hung, so they are refused, not warned about.
 MIN_PROGRESS_TIMEOUT = 2 * QUIET_END
+# JAX's coordination service aborts every process once one has sent no heartbeat for
+# jax.distributed.initialize's heartbeat_timeout_seconds (100 s by default; Keras passes none and
+# JAX reads no environment variable for it), which would end a job with a frozen process before
+# the watchdog, which names that process, fires. The ranks get a longer one in this variable
+# (train.jax_heartbeat applies it), this far past the watchdog's longer allowance: its check
+# once a second, the ranks' few seconds to print their stacks, and the stop itself.
+JAX_HEARTBEAT_ENV = "TRAIN_JAX_HEARTBEAT_SECONDS"
+JAX_HEARTBEAT_MARGIN = 60
 # The settings that make a job run the caller's own code: a script, an archive of it, or
 # mpirun options (`-x LD_PRELOAD=...` or an ssh agent of their choosing run anything). An image
 # built for others to run (SCRIPT_MODE=off) refuses them and its algorithm leaves them out.
@@ -182,6 +191,16 @@ class LaunchConfig:
                 f"it to {MIN_PROGRESS_TIMEOUT:g} or more (the minimum), or 0 to turn the "
                 "watchdog off"
             )
+
+    def jax_heartbeat(self) -> dict[str, str]:
+        """The ranks' JAX heartbeat timeout, {JAX_HEARTBEAT_ENV: seconds}: longer than both of
+        the watchdog's allowances, so that the watchdog ends a job with a frozen process first
+        (a process frozen before the first progress waits for first_progress_timeout). Empty
+        when the watchdog is off: JAX's own heartbeat is then what ends a frozen process."""
+        if not self.progress_timeout:
+            return {}
+        longest = max(self.progress_timeout, self.first_progress_timeout)
+        return {JAX_HEARTBEAT_ENV: str(math.ceil(longest) + JAX_HEARTBEAT_MARGIN)}
 
 
 def split_hyperparameters(

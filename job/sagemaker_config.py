@@ -48,6 +48,18 @@ INTERFACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,14}")  # Linux: at m
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # CreateTrainingJob's ChannelName
 
 
+def group_names_problem(names: list[str]) -> str | None:
+    """What CreateTrainingJob would refuse in a job's instance group names (at most
+    MAX_GROUPS, each named once, 1 to 64 characters), or None: one rule for the file SageMaker
+    writes (resourceconfig.json) and the request sagemaker-ops builds, each naming its source."""
+    if len(names) > MAX_GROUPS or len(set(names)) != len(names):
+        return f"at most {MAX_GROUPS} groups, each named once; got {names}"
+    long = [name for name in names if not 1 <= len(name) <= 64]
+    if long:
+        return f"each group name must be 1 to 64 characters; got {long}"
+    return None
+
+
 @dataclass(frozen=True)
 class InstanceGroup:
     name: str
@@ -85,11 +97,9 @@ class ResourceConfig:
     def _check_groups(self) -> None:
         names = [group.name for group in self.groups]
         grouped = [host for group in self.groups for host in group.hosts]
-        if len(self.groups) > MAX_GROUPS or len(set(names)) != len(names):
-            raise ValueError(
-                f"resourceconfig.json: `instance_groups` must be at most "
-                f"{MAX_GROUPS} groups of distinct names, got {names}"
-            )
+        problem = group_names_problem(names)
+        if problem:
+            raise ValueError(f"resourceconfig.json: `instance_groups`: {problem}")
         if sorted(grouped) != sorted(self.hosts):
             raise ValueError(
                 f"resourceconfig.json: the hosts of `instance_groups` "

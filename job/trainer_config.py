@@ -78,6 +78,18 @@ class TrainerConfig:
         "TensorFlow 2.21 image only).",
         choices=("tensorflow", "jax"),
     )
+    model_parallel: int = hp(
+        1,
+        "backend=jax only: the devices each model is split over (the size of the device "
+        "mesh's model axis). Every kernel and embedding is sharded over them (a model's own "
+        "get_layout_map, if it has one, decides first), so each device holds about "
+        "1/model_parallel of the weights and optimizer state; the job's devices / "
+        "model_parallel are data-parallel replicas, which the global batch and the learning "
+        "rate's linear scaling count. Must divide the job's device count. 1 = data "
+        "parallelism (every device holds the whole model).",
+        minimum=1,
+        maximum=65536,
+    )
     hidden_units: str = hp("256,128", "mlp: comma-separated sizes of the hidden layers.")
     conv_filters: str = hp("32,64", "cnn: comma-separated filter counts of the conv blocks.")
     dropout_rate: float = hp(0.1, "Dropout after each hidden block.", minimum=0.0, maximum=0.9)
@@ -133,6 +145,12 @@ class TrainerConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.model_parallel > 1 and self.backend != JAX:
+            raise ValueError(
+                f"hyperparameter model_parallel={self.model_parallel} splits the model over "
+                f"devices with Keras 3 on JAX only, but backend={self.backend}; set "
+                "backend=jax (the TensorFlow 2.21 image) or model_parallel=1"
+            )
         for name in ("hidden_units", "conv_filters"):
             if not _positive_ints(getattr(self, name)):
                 raise ValueError(

@@ -85,7 +85,8 @@ def clients(region: str | None, profile: str | None) -> tuple[Any, Any]:
 
 def call(client: Any, operation: str, request: dict[str, Any]) -> dict[str, Any]:
     """Send one request, e.g. call(sm, "CreateTrainingJob", {...})."""
-    return getattr(client, xform_name(operation))(**request)
+    response: dict[str, Any] = getattr(client, xform_name(operation))(**request)
+    return response
 
 
 class LogTail:

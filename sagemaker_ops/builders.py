@@ -17,7 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from job.errors import ConfigError
-from job.sagemaker_config import MAX_GROUPS, InstanceGroup, check_served_input, training_groups
+from job.sagemaker_config import (
+    InstanceGroup,
+    check_served_input,
+    group_names_problem,
+    training_groups,
+)
 
 from . import capabilities as cap
 from . import metrics, schema
@@ -204,12 +209,9 @@ class TrainingJob:
         if not self.instance_groups:
             return
         names = [name for name, _, _ in self.instance_groups]
-        _require(
-            len(names) <= MAX_GROUPS and len(set(names)) == len(names),
-            f"instance groups: at most {MAX_GROUPS}, each named once; got {', '.join(names)}",
-        )
+        problem = group_names_problem(names)
+        _require(problem is None, f"instance groups: {problem}")
         for name, _, count in self.instance_groups:
-            _require(1 <= len(name) <= 64, f"instance group name {name!r}: 1 to 64 characters")
             _at_least_one(count, f"instance group {name}'s count")
         groups = tuple(
             InstanceGroup(name, instance_type, tuple(f"{name}-{index}" for index in range(count)))
@@ -241,11 +243,11 @@ class TrainingJob:
                 "max wait applies to managed spot training only: add --spot or drop --max-wait",
             )
             return
-        _require(
-            self.max_wait_seconds is not None,
-            "managed spot training needs a max wait (seconds to wait for spot capacity "
-            f"plus running), at least the max runtime {self.max_runtime_seconds}",
-        )
+        if self.max_wait_seconds is None:
+            raise ConfigError(
+                "managed spot training needs a max wait (seconds to wait for spot capacity "
+                f"plus running), at least the max runtime {self.max_runtime_seconds}"
+            )
         _require(
             self.max_wait_seconds >= self.max_runtime_seconds,
             f"max wait {self.max_wait_seconds} s is less than max runtime "

@@ -19,9 +19,9 @@ file suffix), the input modes the trainer can read, and the instance types.
 
 from __future__ import annotations
 
-from container.plan import BUILTIN_CHANNELS
 from job.paths import MlPaths
 from job.sagemaker_config import DISTRIBUTIONS
+from job.validated import BUILTIN_CHANNELS
 from serve.codecs import CSV, JSONLINES, MEDIA_TYPES
 from train.data import CONTENT_TYPES
 

@@ -202,6 +202,11 @@ def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
         "realtime_instance_types": args.realtime_instance_type,
         "transform_instance_types": args.transform_instance_type,
     }
+    changes: dict[str, Any] = {
+        key: value if isinstance(value, str) else tuple(value)
+        for key, value in given.items()
+        if value
+    }
     return dataclasses.replace(
         b.Algorithm(
             name=args.algorithm_name,
@@ -209,11 +214,7 @@ def algorithm_from_args(args: argparse.Namespace) -> b.Algorithm:
             image_digest=args.image_digest or "",
             script_mode=args.script_mode,
         ),
-        **{
-            key: value if isinstance(value, str) else tuple(value)
-            for key, value in given.items()
-            if value
-        },
+        **changes,
     )
 
 
@@ -532,7 +533,8 @@ def train_plan(args: argparse.Namespace, describe_job: DescribeJob) -> tuple[Pla
             "after each interruption",
             file=sys.stderr,
         )
-    limit = job.max_wait_seconds if job.spot else job.max_runtime_seconds
+    # a spot job's max wait is set (validated); it bounds the job's life, else the runtime does
+    limit = job.max_wait_seconds if job.spot and job.max_wait_seconds else job.max_runtime_seconds
     return [("CreateTrainingJob", request)], (
         aws.TRAINING_JOB,
         job.name,
@@ -566,7 +568,8 @@ class _Clients:
     """The AWS clients, made on first use: a dry run that reads nothing makes none."""
 
     def __init__(self, make: Callable[[], tuple[Any, Any]]):
-        self._make, self._pair = make, None
+        self._make = make
+        self._pair: tuple[Any, Any] | None = None
 
     def pair(self) -> tuple[Any, Any]:
         if self._pair is None:

@@ -31,7 +31,7 @@ _UNICODE_CLASS = re.compile(r"\(?\[((?:\\p\{[A-Z]\}|\\[^p]|[^\]\\])*)\]\*\)?")
 
 
 @functools.cache
-def _service_model():
+def _service_model() -> Any:
     return botocore.session.get_session().get_service_model(SERVICE)
 
 
@@ -90,7 +90,7 @@ def _check(value: Any, shape: Shape, path: str, problems: list[str]) -> None:
         if kind == "list":
             for index, item in enumerate(value):
                 _check(item, shape.member, f"{path}[{index}]", problems)
-        else:
+        elif isinstance(value, dict):
             for key, item in value.items():
                 _check(key, shape.key, f"{path} key", problems)
                 _check(item, shape.value, f"{path}.{key}", problems)
@@ -112,7 +112,7 @@ def _check(value: Any, shape: Shape, path: str, problems: list[str]) -> None:
         problems.append(f"{path}: {value} is above the maximum {meta['max']}")
 
 
-def problems(operation: str, params: dict) -> list[str]:
+def problems(operation: str, params: dict[str, Any]) -> list[str]:
     """Everything the schema says is wrong with `params` for `operation`; empty when valid."""
     shape = input_shape(operation)
     report = botocore.validate.ParamValidator().validate(params, shape)
@@ -125,7 +125,7 @@ def problems(operation: str, params: dict) -> list[str]:
     return found
 
 
-def validate(operation: str, params: dict) -> dict:
+def validate(operation: str, params: dict[str, Any]) -> dict[str, Any]:
     """Return `params` unchanged when the schema accepts it; raise ConfigError listing all faults."""
     found = problems(operation, params)
     if found:

@@ -92,21 +92,21 @@ def create_app(
     @app.post("/invocations")
     def invocations() -> Response:
         deadline = g.arrived + config.timeout_s
-        model.wait_ready(deadline)
+        interface = model.wait_ready(deadline)
         _check_not_stalled(batcher, config)
         media_type = negotiate(request.headers.get("Accept"))
         body = _read_body(config, deadline)
         with budget.hold(len(body), deadline):
             decoded = decode(body, request.mimetype, request.mimetype_params.get("charset"))
-            batch = validate(decoded.inputs, model.interface)
+            batch = validate(decoded.inputs, interface)
         columnar = decoded.columnar
         del body, decoded  # not held while the request waits for the model
         outputs = batcher.submit(batch, deadline)
-        answer = encode(outputs, model.interface, media_type, columnar=columnar)
+        answer = encode(outputs, interface, media_type, columnar=columnar)
         return Response(answer, mimetype=media_type)
 
     @app.get("/execution-parameters")
-    def execution_parameters() -> dict:
+    def execution_parameters() -> dict[str, int | str]:
         return {
             "MaxConcurrentTransforms": config.concurrent_transforms,
             "BatchStrategy": "MULTI_RECORD",
@@ -114,7 +114,7 @@ def create_app(
         }
 
     @app.get("/metrics")
-    def metrics() -> dict:
+    def metrics() -> dict[str, object]:
         return {
             "pid": os.getpid(),
             "model_ready": model.ready,
@@ -191,8 +191,9 @@ def _error_response(exception: Exception, config: ServeConfig) -> Response:
         status = exception.code
         message = f"{request.method} is not allowed on {request.path}; use {allowed}"
         headers["Allow"] = allowed
-    elif isinstance(exception, HTTPException):
-        status, message = exception.code, exception.description
+    elif isinstance(exception, HTTPException) and exception.code is not None:
+        # werkzeug's others; Flask answers a code-less (proxy) one itself, never calling this
+        status, message = exception.code, exception.description or exception.name
     else:
         log.error("the server failed on %s %s", request.method, request.path, exc_info=exception)
         status, message = 500, "the server failed to answer; the cause is in its log"

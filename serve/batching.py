@@ -28,10 +28,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-Predict = Callable[[np.ndarray], np.ndarray]
+Predict = Callable[[npt.NDArray[Any]], npt.NDArray[Any]]
 
 
 class Overloaded(Exception):
@@ -61,10 +63,10 @@ class _State(enum.Enum):
 
 @dataclass(eq=False)  # found in the queue by identity: its arrays have no single truth value
 class _Request:
-    batch: np.ndarray
+    batch: npt.NDArray[Any]
     deadline: float  # time.monotonic()
     state: _State = _State.QUEUED
-    outputs: np.ndarray | None = None
+    outputs: npt.NDArray[Any] | None = None
     error: Exception | None = None
     wake: threading.Event = field(default_factory=threading.Event)
 
@@ -90,7 +92,7 @@ class MicroBatcher:
         """Requests queued for the model now."""
         return len(self._queue)
 
-    def submit(self, batch: np.ndarray, deadline: float) -> np.ndarray:
+    def submit(self, batch: npt.NDArray[Any], deadline: float) -> npt.NDArray[Any]:
         """The model's outputs for `batch`, computed alone or with others; raise TimeoutError
         at `deadline` (time.monotonic()) and Overloaded when the queue is full."""
         request = _Request(batch, deadline)
@@ -113,6 +115,8 @@ class MicroBatcher:
             self._lead(request)
         if request.error is not None:
             raise request.error
+        if request.outputs is None:  # _settle gives each request its outputs or its error
+            raise RuntimeError("the micro-batcher settled a request with neither outputs nor error")
         return request.outputs
 
     def _wait(self, request: _Request) -> None:
@@ -190,7 +194,10 @@ class MicroBatcher:
             start = end
 
     def _settle(
-        self, request: _Request, outputs: np.ndarray | None = None, error: Exception | None = None
+        self,
+        request: _Request,
+        outputs: npt.NDArray[Any] | None = None,
+        error: Exception | None = None,
     ) -> None:
         with self._lock:
             if request.state is _State.EXPIRED:  # its thread has answered 503 already
@@ -198,7 +205,7 @@ class MicroBatcher:
             request.outputs, request.error, request.state = outputs, error, _State.DONE
         request.wake.set()
 
-    def _predict_chunked(self, batch: np.ndarray) -> np.ndarray:
+    def _predict_chunked(self, batch: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if len(batch) <= self._max_batch_size:
             return self._predict(batch)
         return np.concatenate(

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from job.signature import SIGNATURE, ModelInterface
 from serve.errors import BadInput, NotAcceptable, UnsupportedContentType
@@ -53,7 +54,7 @@ class Decoded:
     """A request's instances: one array whose first axis is the instances, or one per named
     input; `columnar` when a JSON request used the "inputs" form, answered with "outputs"."""
 
-    inputs: np.ndarray | dict[str, np.ndarray]
+    inputs: npt.NDArray[Any] | dict[str, npt.NDArray[Any]]
     columnar: bool = False
 
 
@@ -150,7 +151,7 @@ def _json(text: str, what: str) -> Any:
         raise BadInput(f"{what} is nested too deeply") from None
 
 
-def _describe_bad_instance(instances: list) -> str:
+def _describe_bad_instance(instances: list[Any]) -> str:
     """Name the first instance that keeps `instances` from being one array of numbers."""
     first_shape = None
     for index, instance in enumerate(instances):
@@ -170,7 +171,7 @@ def _describe_bad_instance(instances: list) -> str:
     return "the instances do not form an array of numbers"
 
 
-def _instances_to_array(instances: list) -> np.ndarray:
+def _instances_to_array(instances: list[Any]) -> npt.NDArray[Any]:
     try:
         array = np.array(instances)
     except (ValueError, TypeError, OverflowError):
@@ -180,7 +181,7 @@ def _instances_to_array(instances: list) -> np.ndarray:
     return array
 
 
-def _named_rows(instances: list) -> dict[str, np.ndarray]:
+def _named_rows(instances: list[Any]) -> dict[str, npt.NDArray[Any]]:
     """Row-format instances that are objects of named inputs, as one array per name."""
     names = instances[0].keys()
     for index, instance in enumerate(instances):
@@ -229,7 +230,7 @@ def _decode_json(body: bytes, charset: str | None) -> Decoded:
     return Decoded(_rows(inputs), columnar=True)
 
 
-def _rows(instances: Any) -> np.ndarray | dict[str, np.ndarray]:
+def _rows(instances: Any) -> npt.NDArray[Any] | dict[str, npt.NDArray[Any]]:
     if not isinstance(instances, list):
         raise BadInput(f"expected a list of instances, got a JSON {type(instances).__name__}")
     if instances and isinstance(instances[0], dict):
@@ -237,7 +238,9 @@ def _rows(instances: Any) -> np.ndarray | dict[str, np.ndarray]:
     return _instances_to_array(instances)
 
 
-def _decode_jsonlines(body: bytes, charset: str | None) -> np.ndarray | dict[str, np.ndarray]:
+def _decode_jsonlines(
+    body: bytes, charset: str | None
+) -> npt.NDArray[Any] | dict[str, npt.NDArray[Any]]:
     """One instance per line, as in the "instances" list: an array, or an object of named
     inputs."""
     return _rows(
@@ -267,7 +270,7 @@ def _describe_bad_row(rows: list[list[str]]) -> str:
     return "the rows do not form a table of numbers"
 
 
-def _decode_csv(body: bytes, charset: str | None) -> np.ndarray:
+def _decode_csv(body: bytes, charset: str | None) -> npt.NDArray[Any]:
     """numpy's C parser reads a table three times as fast as Python's split and float (0.2 vs
     0.6 s for a 6 MB batch-transform body here), but it skips blank lines (warning when all
     are) and names no line in its errors; when there is a blank line, or it refuses or drops
@@ -288,7 +291,12 @@ def _decode_csv(body: bytes, charset: str | None) -> np.ndarray:
         raise BadInput(_describe_bad_row(rows)) from None
 
 
-def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
+# What numpy's .npy header readers return (numpy publishes no types for them): the array's
+# shape, whether it is in Fortran order, and its dtype.
+_NpyHeader = tuple[tuple[int, ...], bool, np.dtype[Any]]
+
+
+def _decode_npy(body: bytes, charset: str | None) -> npt.NDArray[Any]:
     """Read an .npy array without ever unpickling, and only as many bytes as the body holds.
 
     np.load would unpickle object arrays when allowed, and np.lib.format.read_array allocates
@@ -298,10 +306,11 @@ def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
     stream = io.BytesIO(body)
     try:
         version = np.lib.format.read_magic(stream)
-        read_header = {
+        readers: dict[tuple[int, int], Callable[[io.BytesIO], _NpyHeader]] = {
             (1, 0): np.lib.format.read_array_header_1_0,
             (2, 0): np.lib.format.read_array_header_2_0,
-        }.get(version)
+        }
+        read_header = readers.get(version)
         if read_header is None:
             raise BadInput(f".npy format version {version} is not supported; use 1.0 or 2.0")
         shape, fortran_order, dtype = read_header(stream)
@@ -326,7 +335,9 @@ def _decode_npy(body: bytes, charset: str | None) -> np.ndarray:
 
 
 # JSON's decoder says more (named inputs, the columnar form); the others give the instances.
-Decoder = Callable[[bytes, "str | None"], "Decoded | np.ndarray | dict[str, np.ndarray]"]
+Decoder = Callable[
+    [bytes, "str | None"], "Decoded | npt.NDArray[Any] | dict[str, npt.NDArray[Any]]"
+]
 _DECODERS: dict[str, Decoder] = {
     JSON: _decode_json,
     CSV: _decode_csv,
@@ -349,7 +360,7 @@ def decode(body: bytes, mimetype: str, charset: str | None) -> Decoded:
     return decoded if isinstance(decoded, Decoded) else Decoded(decoded)
 
 
-def _records(outputs: np.ndarray, interface: ModelInterface) -> list:
+def _records(outputs: npt.NDArray[Any], interface: ModelInterface) -> list[Any]:
     """One JSON value per instance: the raw output (an object of named outputs when there are
     several), or a classifier's label and probabilities."""
     if outputs.dtype.names:
@@ -358,14 +369,15 @@ def _records(outputs: np.ndarray, interface: ModelInterface) -> list:
             for index in range(len(outputs))
         ]
     if interface.classes is None:
-        return outputs.tolist()
+        values: list[Any] = outputs.tolist()  # a list: outputs have a batch dimension
+        return values
     return [
         {"class": interface.classes[index], "probabilities": probabilities}
         for index, probabilities in zip(outputs.argmax(axis=1).tolist(), outputs.tolist())
     ]
 
 
-def _encode_json(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+def _encode_json(outputs: npt.NDArray[Any], interface: ModelInterface, columnar: bool) -> bytes:
     """Rows answer {"predictions": [one value per instance]}; TensorFlow Serving answers a
     columnar request with {"outputs": ...}, an object of named outputs when there are several."""
     if not columnar:
@@ -377,13 +389,15 @@ def _encode_json(outputs: np.ndarray, interface: ModelInterface, columnar: bool)
     return json.dumps({"outputs": _records(outputs, interface)}).encode()
 
 
-def _encode_jsonlines(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+def _encode_jsonlines(
+    outputs: npt.NDArray[Any], interface: ModelInterface, columnar: bool
+) -> bytes:
     """One line per instance, with no newline after the last: batch transform's
     AssembleWith=Line adds the separator itself, so a trailing one would become a blank line."""
     return "\n".join(json.dumps(record) for record in _records(outputs, interface)).encode()
 
 
-def _flat(outputs: np.ndarray) -> np.ndarray:
+def _flat(outputs: npt.NDArray[Any]) -> npt.NDArray[Any]:
     if outputs.dtype.names:
         return np.concatenate(
             [outputs[name].reshape(len(outputs), -1) for name in outputs.dtype.names], axis=1
@@ -391,7 +405,7 @@ def _flat(outputs: np.ndarray) -> np.ndarray:
     return outputs.reshape(len(outputs), -1)
 
 
-def _encode_csv(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+def _encode_csv(outputs: npt.NDArray[Any], interface: ModelInterface, columnar: bool) -> bytes:
     """One line per instance (several outputs side by side), no newline after the last."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
@@ -404,7 +418,7 @@ def _encode_csv(outputs: np.ndarray, interface: ModelInterface, columnar: bool) 
     return text.getvalue().removesuffix("\n").encode()
 
 
-def _encode_npy(outputs: np.ndarray, interface: ModelInterface, columnar: bool) -> bytes:
+def _encode_npy(outputs: npt.NDArray[Any], interface: ModelInterface, columnar: bool) -> bytes:
     if outputs.dtype.names:
         raise NotAcceptable(
             f"an .npy answer holds one array, but the model has "
@@ -416,7 +430,7 @@ def _encode_npy(outputs: np.ndarray, interface: ModelInterface, columnar: bool) 
     return buffer.getvalue()
 
 
-_ENCODERS: dict[str, Callable[[np.ndarray, ModelInterface, bool], bytes]] = {
+_ENCODERS: dict[str, Callable[[npt.NDArray[Any], ModelInterface, bool], bytes]] = {
     JSON: _encode_json,
     CSV: _encode_csv,
     JSONLINES: _encode_jsonlines,
@@ -425,7 +439,7 @@ _ENCODERS: dict[str, Callable[[np.ndarray, ModelInterface, bool], bytes]] = {
 
 
 def encode(
-    outputs: np.ndarray, interface: ModelInterface, mimetype: str, *, columnar: bool = False
+    outputs: npt.NDArray[Any], interface: ModelInterface, mimetype: str, *, columnar: bool = False
 ) -> bytes:
     """The response body for `outputs` in `mimetype`, one of MEDIA_TYPES; `columnar` when the
     request used JSON's "inputs" form."""

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 # How much of a receive buffer is looked at. Every Linux default buffer holds more (the
 # default tcp_rmem of 87 to 128 KB keeps at least half of it for data), so a client sending at
@@ -77,6 +77,9 @@ _FIRST_COMPACTION = 1024  # deadline entries before the first clean-up of spent 
 MAX_LENGTH_DIGITS = 18
 
 log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")  # ThreadPoolExecutor.submit's, which IntakePool.submit overrides
+_T = TypeVar("_T")
 
 
 class Verdict(Enum):
@@ -157,7 +160,7 @@ def peek(sock: socket.socket) -> bytes | None:
 _arrivals: weakref.WeakKeyDictionary[socket.socket, float] = weakref.WeakKeyDictionary()
 
 
-def arrived(environ: dict) -> float:
+def arrived(environ: dict[str, Any]) -> float:
     """When the request in `environ` began (time.monotonic()): its first byte's arrival if it
     waited in the intake, else now, as its thread took it whole."""
     sock = environ.get("gunicorn.socket")
@@ -195,14 +198,15 @@ class _Request:
     conn: Any  # gthread's connection
     deadline: float
     arrived: float | None  # its first byte; None while the connection is idle
-    future: Future = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
     waiting: bool = False  # in the watcher, on no thread
     fd: int = -1  # its file descriptor while it waits (the socket may be closed by then)
     cut_at_deadline: bool = False  # on a thread, its reading side to be shut at the deadline
 
     @property
     def sock(self) -> socket.socket:
-        return self.conn.sock
+        sock: socket.socket = self.conn.sock  # IntakePool.submit took only such connections
+        return sock
 
     def pending(self) -> bool:
         """Whether its deadline still has something to do."""
@@ -228,7 +232,7 @@ class IntakePool(ThreadPoolExecutor):
         self._compact_at = _FIRST_COMPACTION
         self._stopping = False
 
-    def submit(self, fn, /, *args, **kwargs) -> Future:
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Run `fn` (gthread's handle(conn)) on a thread once the connection's request is
         whole or cut short at its deadline."""
         conn = args[0] if len(args) == 1 and not kwargs else None
@@ -237,7 +241,7 @@ class IntakePool(ThreadPoolExecutor):
         data, found = _look(conn)
         now = time.monotonic()
         if found is Verdict.WHOLE:
-            return super().submit(fn, conn)
+            return super().submit(fn, *args, **kwargs)  # fn(conn): there are no others
         if data is None:
             request = _Request(fn, conn, now + self._idle_timeout_s, None)
         else:
@@ -382,7 +386,7 @@ def _look(conn: Any) -> tuple[bytes | None, Verdict]:
         return b"", Verdict.STREAM
 
 
-def _settle(future: Future, run: Callable[[Any], Any], conn: Any) -> None:
+def _settle(future: Future[Any], run: Callable[[Any], Any], conn: Any) -> None:
     """Run `run(conn)` on a request thread and settle `future`, the one gthread waits on, with
     its outcome."""
     try:

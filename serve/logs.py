@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 
 class JsonFormatter(logging.Formatter):
@@ -30,7 +31,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def logging_config(level: str = "INFO") -> dict:
+def logging_config(level: str = "INFO") -> dict[str, Any]:
     """A logging.config.dictConfig that sends everything, gunicorn's loggers included, to
     stderr as JSON lines; gunicorn takes it as its `logconfig_dict` setting."""
     handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}

@@ -32,7 +32,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
@@ -42,6 +42,9 @@ from serve.config import ServeConfig
 from serve.host import WorkerSlots, gpu_count, worker_core
 from serve.intake import IntakePool
 from serve.logs import logging_config
+
+if TYPE_CHECKING:  # the master never imports Flask (see _Gunicorn.load)
+    from flask import Flask
 
 GRACEFUL_TIMEOUT_S = 20
 # Longer than the idle timeout of the load balancer in front, so that it, not the server,
@@ -125,7 +128,7 @@ class _Gunicorn(BaseApplication):
         for name, value in gunicorn_options(self._config).items():
             self.cfg.set(name, value)
 
-    def load(self):
+    def load(self) -> Flask:
         # Imported here, in the worker: Flask and numpy take half a second to import, and the
         # master must bind the port within SageMaker's 250 ms of start.
         from serve.worker import build_worker_app

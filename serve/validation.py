@@ -10,7 +10,10 @@ others, and lets the error say which instance and which position is wrong.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from job.signature import ModelInterface, TensorSpec
 from serve.errors import BadInput
@@ -28,7 +31,7 @@ def _fits(shape: tuple[int, ...], spec: TensorSpec) -> bool:
     )
 
 
-def _check_input(instances: np.ndarray, spec: TensorSpec, label: str) -> np.ndarray:
+def _check_input(instances: npt.NDArray[Any], spec: TensorSpec, label: str) -> npt.NDArray[Any]:
     if instances.ndim == 0:
         raise BadInput(f"{label}expected a list of instances, got a single number")
     if len(instances) == 0:
@@ -36,7 +39,8 @@ def _check_input(instances: np.ndarray, spec: TensorSpec, label: str) -> np.ndar
     shape = instances.shape[1:]
     if not _fits(shape, spec):
         if spec.fixed and shape == (spec.size,):
-            instances = instances.reshape((len(instances), *spec.shape))
+            fixed_shape = [d for d in spec.shape if d is not None]  # all of them: spec.fixed
+            instances = instances.reshape((len(instances), *fixed_shape))
         else:
             raise BadInput(
                 f"{label}each instance has shape {list(shape)}, but the model "
@@ -57,7 +61,9 @@ def _check_input(instances: np.ndarray, spec: TensorSpec, label: str) -> np.ndar
     return instances.astype(spec.dtype, copy=False)
 
 
-def validate(inputs: np.ndarray | dict[str, np.ndarray], interface: ModelInterface) -> np.ndarray:
+def validate(
+    inputs: npt.NDArray[Any] | dict[str, npt.NDArray[Any]], interface: ModelInterface
+) -> npt.NDArray[Any]:
     """The batch for the model: one array for one input, a structured array for several."""
     names = interface.input_names
     if not isinstance(inputs, dict):

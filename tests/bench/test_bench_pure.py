@@ -190,6 +190,17 @@ def test_trainer_jobs_fix_one_thread_and_switch_off_checkpoints():
     assert all(isinstance(v, str) for v in values.values())
 
 
+def test_a_copy_that_printed_no_throughput_leaves_its_run_unmeasured():
+    """Copies' throughputs are summed per run; one copy with no epoch rate makes that run's sum
+    unknown (None, which the median skips) rather than failing the whole item."""
+    measured = jobs.TrainRun(1.0, [{"epoch": 1.0, "samples_per_sec": 50.0}] * 3)
+    silent = jobs.TrainRun(1.0, [{"epoch": 1.0}])
+    two_copies = training.Configuration("2 copies", {}, copies=2)
+    two_copies.runs = [[measured, measured], [measured, silent]]
+    assert two_copies.run_throughputs() == [100.0, None]
+    assert two_copies.throughput() == 100.0
+
+
 def test_bench_config_names_the_valid_items():
     with pytest.raises(ValueError, match=r"Unknown item\(s\): \[8\]. Choose between 1, 2, 3"):
         BenchConfig(

@@ -14,6 +14,7 @@ from bench.serving import (
     SERVE,
     Result,
     _percentile_ms,
+    _requests_per_s,
     baseline_app,
     csv_row,
     measurements,
@@ -55,6 +56,12 @@ def test_wrk_percentiles_are_read_in_their_units():
     assert _percentile_ms(WRK_LATENCY, 99) == pytest.approx(1030.0)
     with pytest.raises(RuntimeError, match="no 95% latency"):
         _percentile_ms(WRK_LATENCY, 95)
+
+
+def test_wrk_rate_is_read_and_its_absence_named():
+    assert _requests_per_s("Requests/sec:   1234.56\nTransfer/sec: 1MB\n") == pytest.approx(1234.56)
+    with pytest.raises(RuntimeError, match="no Requests/sec in wrk's output"):
+        _requests_per_s(WRK_LATENCY)  # wrk that failed to connect prints no rate
 
 
 def result(requests_per_s: float, p99_ms: float, non_2xx: int = 0) -> Result:

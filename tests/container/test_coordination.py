@@ -34,6 +34,12 @@ def start_leader(port, workers=WORKERS, heartbeat_timeout=2):
     )
 
 
+def host_keys(leader) -> dict[str, str]:
+    """The host keys the leader holds, of the hosts that reported ready."""
+    with leader.roster.condition:
+        return {host: peer.host_key for host, peer in leader.roster.peers.items() if peer.host_key}
+
+
 def succeed(leader, threads, ready_within: float) -> None:
     """Wait for every worker to be ready, end the job successfully, and join the workers."""
     leader.wait_ready(timeout=ready_within)
@@ -68,6 +74,38 @@ def start_worker(port, host, results, delay=0.0, **overrides):
 
 def stranger(port, source="127.0.0.9"):
     return socket.create_connection((LEADER, port), timeout=5, source_address=(source, 0))
+
+
+def fake_leader(says: bytes) -> int:
+    """The port of a leader that is not ours: it accepts one worker, answers its HELLO with
+    `says` and then stays silent, reading until the worker hangs up."""
+    server = socket.create_server((LEADER, 0))
+
+    def serve():
+        connection, _ = server.accept()
+        with server, connection:
+            try:
+                connection.recv(100)
+                connection.sendall(says)
+                while connection.recv(100):
+                    pass
+            except OSError:
+                pass  # the worker hung up hard: as good as a close
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def follow_fake_leader(port, on_key):
+    return follow_leader(
+        LEADER,
+        port,
+        "127.0.0.2",
+        address="127.0.0.2",
+        leader_timeout=5,
+        heartbeat_timeout=2,
+        on_key=on_key,
+    )
 
 
 def closed_without_a_word(connection, timeout=5.0):
@@ -156,36 +194,18 @@ def test_worker_notices_a_leader_that_vanishes():
     thread = start_worker(port, "127.0.0.2", results)
     leader.wait_ready(timeout=10)
     leader.close()  # the leader process dies: no EXIT, sockets closed
-    for peer in leader.peers.values():
-        peer.close()
+    for peer in leader.roster.peers.values():
+        peer.connection.close()
     thread.join(timeout=10)
     assert "lost contact with the leader 127.0.0.1" in str(results["127.0.0.2"])
 
 
 def test_silent_leader_is_detected_by_heartbeat_timeout():
-    port = free_port()
-    server = socket.create_server((LEADER, port))
-
-    def silent():  # accepts, hands out a key, then says nothing ever again
-        connection, _ = server.accept()
-        connection.recv(100)
-        connection.sendall(b"KEY k\n")
-        time.sleep(10)
-
-    threading.Thread(target=silent, daemon=True).start()
+    port = fake_leader(b"KEY k\n")  # hands out a key, then says nothing ever again
     with pytest.raises(
         PlatformError, match="lost contact with the leader 127.0.0.1: silent for 2 s"
     ):
-        follow_leader(
-            LEADER,
-            port,
-            "127.0.0.2",
-            address="127.0.0.2",
-            leader_timeout=5,
-            heartbeat_timeout=2,
-            on_key=lambda key: "hostkey",
-        )
-    server.close()
+        follow_fake_leader(port, on_key=lambda key: "hostkey")
 
 
 def test_a_worker_that_goes_silent_before_the_job_starts_is_named():
@@ -290,7 +310,7 @@ def test_a_second_connection_for_a_ready_host_cannot_take_it_over():
     with stranger(port, source="127.0.0.2") as second:  # even from the right address
         second.sendall(b"HELLO 127.0.0.2\nREADY ssh-ed25519 planted\n")
         assert closed_without_a_word(second)
-    assert leader.host_keys == {"127.0.0.2": "hostkey-of-127.0.0.2-for-ssh-ed25519 AAAA job"}
+    assert host_keys(leader) == {"127.0.0.2": "hostkey-of-127.0.0.2-for-ssh-ed25519 AAAA job"}
     leader.finish(FAILED)
     thread.join(timeout=5)
     assert results["127.0.0.2"] == FAILED
@@ -359,7 +379,7 @@ def test_a_second_ready_on_the_same_connection_changes_nothing(capfd):
             return "coordinator: ignored a second READY from 127.0.0.2" in "".join(said)
 
         eventually(ignored, "the leader never said it ignored the second READY")
-        assert leader.host_keys == {"127.0.0.2": "ssh-ed25519 first"}
+        assert host_keys(leader) == {"127.0.0.2": "ssh-ed25519 first"}
     leader.finish(Outcome.success(), timeout=1)
 
 
@@ -391,3 +411,35 @@ def test_a_worker_lost_while_the_job_runs_is_the_root_cause_of_its_failure():
     )
     assert leader.root_cause(Outcome.success()) == Outcome.success()
     leader.finish(rank_error)
+
+
+def test_a_worker_that_cannot_get_ready_is_named_with_its_whole_reason():
+    """sshd's configuration check prints several lines: all of them reach the job's failure
+    (the leader once read the first line of FAIL and dropped the rest)."""
+    port, results = free_port(), {}
+
+    def broken_sshd(key):
+        raise PlatformError("sshd rejected its configuration: line 3: bad\nline 9: worse")
+
+    thread = start_worker(port, "127.0.0.2", results, on_key=broken_sshd)
+    leader = start_leader(port, workers=["127.0.0.2"])
+    with pytest.raises(PlatformError) as raised:
+        leader.wait_ready(timeout=10)
+    assert str(raised.value) == (
+        "worker 127.0.0.2 could not get ready: sshd rejected its configuration: "
+        "line 3: bad line 9: worse"
+    )
+    leader.finish(Outcome.failed(FailureKind.CLUSTER, str(raised.value)))
+    thread.join(timeout=5)
+    assert "sshd rejected its configuration" in str(results["127.0.0.2"])
+
+
+def test_a_worker_names_a_leader_that_answers_hello_with_something_else():
+    """The first answer is the job's key or its outcome; anything else is named, not taken
+    for a key and handed to sshd."""
+    port, keys = fake_leader(b"READY what\n"), []
+    with pytest.raises(
+        PlatformError, match="the leader 127.0.0.1 sent 'READY what' instead of the job's key"
+    ):
+        follow_fake_leader(port, on_key=keys.append)
+    assert keys == []

@@ -3,8 +3,9 @@
 ("internal error serving ..."), never waits past its deadlines, and keeps accepting workers.
 
 The real leader on a real loopback socket: strangers (127.0.0.9) and a data host (127.0.0.2,
-whose name resolves to itself) that says HELLO and then anything. The outcome codec, which
-those lines reach (a data host's ENDED, the leader's EXIT), is fuzzed by itself for volume.
+whose name resolves to itself) that says HELLO and then anything. The message codec
+(container.messages), which those lines reach (a data host's ENDED, the leader's EXIT), is
+fuzzed by itself for volume.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import pytest
 from hypothesis import example
 from hypothesis import strategies as st
 
-from container.coordination import MAX_LINE, Leader, _exit_line, _outcome, follow_leader
+from container.coordination import MAX_LINE, Leader, PeerState, follow_leader
 from container.failure import Outcome
+from container.messages import MalformedMessage, Message, Verb, parse
 from job.protocol import FailureKind
 from tests.fuzzing import fuzz
 from tests.waiting import eventually
@@ -91,10 +93,12 @@ def assert_well_formed(outcome: Outcome) -> None:
 @fuzz("coordinator: ENDED/EXIT outcome codec", max_examples=1000, line=outcome_lines | texts)
 def test_an_outcome_line_is_read_whole_or_refused(line):
     try:
-        outcome = _outcome(line)
-    except ValueError:
+        message = parse(line)
+    except MalformedMessage:
         return
-    assert_well_formed(outcome)
+    if message.outcome is not None:
+        assert_well_formed(message.outcome)
+        assert message.verb is Verb.EXIT or message.outcome.kind is not None  # ENDED: a failure
 
 
 outcomes = st.one_of(
@@ -107,10 +111,13 @@ outcomes = st.one_of(
     "coordinator: outcome round trip",
     max_examples=300,
     outcome=outcomes,
-    verb=st.sampled_from(["EXIT", "ENDED"]),
+    verb=st.sampled_from([Verb.EXIT, Verb.ENDED]),
 )
 def test_every_outcome_the_leader_sends_reads_back_the_same(outcome, verb):
-    assert _outcome(_exit_line(outcome, verb)) == outcome
+    if verb is Verb.ENDED and outcome.kind is None:
+        return  # a data host says ENDED only when its script failed
+    message = Message(verb, outcome=outcome)
+    assert parse(message.line()) == message
 
 
 def raw_line(text: str) -> bytes:
@@ -188,7 +195,7 @@ def test_a_stranger_gets_nothing_and_the_workers_still_get_in(leader, capsys, fi
     with connect(port, STRANGER) as connection:
         assert send_then_hear(connection, b"\n".join([first, *rest]) + b"\n") == b""
     no_internal_error(capsys)
-    assert not leader.peers
+    assert not leader.roster.peers
 
 
 def test_a_worker_gets_in_after_the_strangers(leader, capsys):
@@ -221,17 +228,9 @@ def test_a_worker_gets_in_after_the_strangers(leader, capsys):
 
 
 def settled(leader: Leader, host: str) -> bool:
-    with leader.condition:
-        return any(
-            host in state
-            for state in (
-                leader.failures,
-                leader.lost,
-                leader.said_bye,
-                leader.ended,
-                leader.host_keys,
-            )
-        )
+    with leader.roster.condition:
+        peer = leader.roster.peers.get(host)
+        return peer is not None and peer.state is not PeerState.JOINED
 
 
 @example(answer=b"x" * (MAX_LINE + 1), later=[])  # dropped, unrecorded: a wait to host_timeout
@@ -267,14 +266,15 @@ def test_what_a_data_host_says_is_taken_or_it_is_dropped(capsys, answer, later):
         )
         no_internal_error(capsys)
         said = b"\n".join([answer, *later]).decode(errors="replace")
-        with leader.condition:
-            for outcome in leader.ended.values():
-                assert_well_formed(outcome)
-                assert outcome.kind is not None  # ENDED reports a failure
-            ready = HOST in leader.host_keys
-            assert ready or HOST in leader.failures  # a refusal the job's failure names
-            assert not ready or leader.host_keys[HOST] in said
-            if ready and HOST not in leader.said_bye:
+        with leader.roster.condition:
+            peer = leader.roster.peers[HOST]
+            if peer.ended is not None:
+                assert_well_formed(peer.ended)
+                assert peer.ended.kind is not None  # ENDED reports a failure
+            ready = bool(peer.host_key)
+            assert ready or peer.state is PeerState.FAILED  # a refusal the job's failure names
+            assert not ready or peer.host_key in said
+            if ready and peer.state is not PeerState.LEFT:
                 # after READY every way out but BYE is the data host ending or being lost:
                 # either way the training must be stopped
                 assert leader.abort.is_set()

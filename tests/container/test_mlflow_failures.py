@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from container.mpirun import with_environment
+from container.mpirun import Command, Option, render
 from tests.conftest import run_train
 from tests.job.mlflow_stub import reply, servers  # noqa: F401
 
@@ -112,20 +112,24 @@ def test_a_token_that_cannot_be_read_is_a_warning_and_the_job_untracked(
 
 
 def test_the_token_reaches_the_ranks_by_name_never_in_the_command_line():
-    argv = with_environment(
-        ("mpirun", "-np", "2", "python", "-m", "train"),
-        {"MLFLOW_RUN_ID": "r1"},
-        forwarded=("MLFLOW_TRACKING_TOKEN",),
+    command = Command(
+        hosts=("algo-1",),
+        processes_per_host=2,
+        interface="eth0",
+        instance_type="ml.c5.xlarge",
+        ssh_args=None,
+        environment={},
+        program=("python", "-m", "train"),
+        user_options=(Option(("--display-map",)),),
     )
-    assert argv == (
+    started = command.started({"MLFLOW_RUN_ID": "r1"}, secrets=("MLFLOW_TRACKING_TOKEN",))
+    assert render(started) == (
         "mpirun",
         "-x",
         "MLFLOW_RUN_ID=r1",
         "-x",
         "MLFLOW_TRACKING_TOKEN",
-        "-np",
-        "2",
-        "python",
-        "-m",
-        "train",
+        *render(command)[1:],
     )
+    assert started.rank_variable("MLFLOW_RUN_ID") == "r1"
+    assert started.rank_variable("MLFLOW_TRACKING_TOKEN") is None  # mpirun's own value

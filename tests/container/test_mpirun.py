@@ -497,6 +497,38 @@ def test_a_tensorflow_program_keeps_tensorflows_keras(tmp_path, hyperparameters,
     assert keras_settings(the_plan) == settings
 
 
+def rank_variable(the_plan, name):
+    """The value the plan gives every rank for `name` (`-x NAME=VALUE`), or None."""
+    tokens = the_plan.mpirun
+    values = [
+        value.partition("=")[2]
+        for index, value in enumerate(tokens)
+        if index and tokens[index - 1] == "-x" and value.startswith(f"{name}=")
+    ]
+    return values[-1] if values else None
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, seconds",
+    [
+        ({}, "1860"),  # first_progress_timeout 1800 is the longer allowance, + 60
+        ({"progress_timeout": 120}, "1860"),
+        ({"progress_timeout": 120, "first_progress_timeout": 120}, "180"),
+        ({"progress_timeout": 3600.5, "first_progress_timeout": 120}, "3661"),
+        ({"progress_timeout": 0}, None),  # no watchdog: JAX's own heartbeat ends a frozen rank
+        (MWMS, "1860"),  # a script may still use JAX
+    ],
+)
+def test_the_tf_images_ranks_get_a_jax_heartbeat_longer_than_the_watchdogs(
+    tmp_path, hyperparameters, seconds
+):
+    """JAX's 100 s heartbeat aborted the process waiting for a frozen one before the
+    watchdog (120 s at least) could name the frozen one: the ranks get a longer heartbeat."""
+    the_plan = tf_plan(tmp_path, hyperparameters)
+    assert rank_variable(the_plan, "TRAIN_JAX_HEARTBEAT_SECONDS") == seconds
+    assert rank_variable(plan(job(["algo-1"], "algo-1")), "TRAIN_JAX_HEARTBEAT_SECONDS") is None
+
+
 def test_several_workers_on_a_host_take_the_next_ports(tmp_path):
     the_plan = tf_plan(tmp_path, {"processes_per_host": 2, "tf_worker_port": 9000})
     assert the_plan.job.tf_workers == ("algo-1:9000", "algo-1:9001", "algo-2:9000", "algo-2:9001")

@@ -82,6 +82,17 @@ def run_script(
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
+def run_offline(
+    engine: local_cluster.Engine, image: str, *command: str, options=(), timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`run --rm --network none [options] image command...`: a one-off container that reaches
+    nothing (a download fails loudly); its result whatever its exit code, for the test to
+    judge."""
+    return engine.run(
+        "run", "--rm", "--network", "none", *options, image, *command, check=False, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="session")
 def engine() -> local_cluster.Engine:
     return local_cluster.Engine.detect()
@@ -91,7 +102,14 @@ def engine() -> local_cluster.Engine:
 def sweep_leftovers(engine):
     """After the session: nothing of ours may remain (a crashed fixture's leftovers)."""
     yield
-    ids = engine.run("ps", "-a", "-q", "--filter", f"name={PREFIX}-", check=False).stdout.split()
+    # Names compared here, not with `--filter name=`: the engine's filter matches anywhere in a
+    # name, so another session's sweep for `b-` would also remove `c-keras-hub-..._algo-1_1`.
+    listed = engine.run("ps", "-a", "--format", "{{.ID}} {{.Names}}", check=False).stdout
+    ids = [
+        fields[0]
+        for fields in map(str.split, listed.splitlines())
+        if len(fields) > 1 and fields[1].startswith(f"{PREFIX}-")
+    ]
     if ids:
         engine.run("rm", "-f", *ids, check=False)
     networks = engine.run("network", "ls", "--format", "{{.Name}}", check=False).stdout.split()

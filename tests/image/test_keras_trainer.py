@@ -54,6 +54,8 @@ def reference(engine, tf_image, data, tmp_path_factory) -> local_cluster.Cluster
         "(keras.distribution)" in leader
     )  # and both ended with the same weights
     assert "global batch 16 = 2 device(s) x 2 accumulated micro-batch(es) x 4" in leader
+    # longer than the watchdog's allowances (train.jax_heartbeat), said once, by rank 0
+    assert leader.count("trainer: JAX's heartbeat timeout is 1860 s, not its default 100 s") == 1
     return spec
 
 

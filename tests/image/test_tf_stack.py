@@ -23,6 +23,7 @@ from conftest import (
     failure,
     local_cluster,
     logs,
+    run_offline,
     run_script,
     wait_for_log,
 )
@@ -66,18 +67,7 @@ def tf_image(engine) -> str:
 def test_the_cpu_image_has_tensorflow_without_cuda_wheels(engine, tf_image):
     """The CPU and GPU builds of this stack start from the same base, so only the install
     layer's cache key keeps the GPU's CUDA wheels (4.5 GB) out of the CPU image."""
-    result = engine.run(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        tf_image,
-        "pip",
-        "list",
-        "--format=freeze",
-        check=False,
-        timeout=300,
-    )
+    result = run_offline(engine, tf_image, "pip", "list", "--format=freeze")
     assert result.returncode == 0, result.stderr
     packages = dict(line.split("==", 1) for line in result.stdout.splitlines() if "==" in line)
     assert packages.get("tensorflow") == "2.21.0", packages

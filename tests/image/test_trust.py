@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import IMAGE, run_script, unique
+from conftest import IMAGE, run_offline, run_script, unique
 from test_tf_stack import tf_image  # noqa: F401
 
 from job.validated import BUILTIN_ONLY_MARKER
@@ -135,18 +135,7 @@ def test_an_image_built_for_others_refuses_a_jobs_own_script(
     root = make_script_job(
         "train.py", {"epochs": "1"}, "open('/opt/ml/output/ran', 'w').write('yes')\n"
     )
-    ran = engine.run(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "-v",
-        f"{root}:/opt/ml",
-        builtin_only_image,
-        "train",
-        check=False,
-        timeout=300,
-    )
+    ran = run_offline(engine, builtin_only_image, "train", options=("-v", f"{root}:/opt/ml"))
     assert ran.returncode == 2, ran.stdout + ran.stderr
     reason = (root / "output" / "failure").read_text()
     assert reason.startswith("this algorithm runs only its built-in trainer")

@@ -125,7 +125,7 @@ def test_reads_a_heterogeneous_cluster_and_writes_it_back(tmp_path):
                 ],
                 "hosts": ["algo-1", "algo-2", "algo-3", "algo-4"],
             },
-            "distinct names",
+            "each named once",
         ),
         ({**HETERO, "instance_groups": "train"}, "`instance_groups` must be a list"),
         (

@@ -202,3 +202,29 @@ def test_a_watchdog_allowance_that_would_end_a_healthy_job_is_refused(given, mes
 def test_the_minimum_allowance_and_the_watchdog_off_are_accepted(given):
     launch = validate_hyperparameters(given, {}).launch
     assert [getattr(launch, name) for name in given] == list(given.values())
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, environ, submit, region",
+    [
+        ({}, {}, "", None),
+        ({}, {"SAGEMAKER_SUBMIT_DIRECTORY": "s3://b/env.tar.gz"}, "s3://b/env.tar.gz", None),
+        (
+            {"sagemaker_submit_directory": '"s3://b/hp.tar.gz"'},
+            {"SAGEMAKER_SUBMIT_DIRECTORY": "s3://b/env.tar.gz"},
+            "s3://b/hp.tar.gz",
+            None,
+        ),
+        ({}, {"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "us-west-2"}, "", "eu-west-1"),
+        ({"sagemaker_region": '"ap-south-1"'}, {"AWS_REGION": "eu-west-1"}, "", "ap-south-1"),
+        ({"sagemaker_region": '""'}, {"AWS_DEFAULT_REGION": "us-west-2"}, "", None),
+    ],
+)
+def test_the_submit_directory_and_region_are_resolved_once_from_the_environment_given(
+    hyperparameters, environ, submit, region
+):
+    """The validated job says where the code comes from and which region fetches it, from the
+    environment it was handed (not the process's own): the hyperparameter, else the variable;
+    no region leaves boto3 to read AWS_DEFAULT_REGION itself."""
+    settings = validate_hyperparameters({"program": "train.py", **hyperparameters}, environ)
+    assert (settings.launch.submit_directory, settings.region) == (submit, region)

@@ -146,16 +146,21 @@ def _above(kind: str, value: str) -> str:
 RANGED = [s for s in SPECS if s["Type"] in ("Integer", "Continuous")]
 
 
+# What a value needs beside it to be valid at all: the model axis exists on JAX only.
+NEEDS = {"model_parallel": {"backend": "jax"}}
+
+
 @pytest.mark.parametrize("spec", RANGED, ids=spec_id)
 def test_numeric_range_is_exactly_what_parse_accepts(spec):
     cls = OWNER[spec["Name"]]
     bounds = next(iter(spec["Range"].values()))
     low, high = bounds["MinValue"], bounds["MaxValue"]
+    context = NEEDS.get(spec["Name"], {})
     for accepted in (low, high, spec["DefaultValue"]):
-        parse(cls, {spec["Name"]: accepted})
+        parse(cls, {**context, spec["Name"]: accepted})
     for rejected in (_below(spec["Type"], low), _above(spec["Type"], high)):
         with pytest.raises(ConfigError, match=f"hyperparameter {spec['Name']}="):
-            parse(cls, {spec["Name"]: rejected})
+            parse(cls, {**context, spec["Name"]: rejected})
 
 
 CATEGORICAL = [s for s in SPECS if s["Type"] == "Categorical"]

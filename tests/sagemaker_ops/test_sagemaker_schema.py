@@ -84,6 +84,14 @@ def test_reports_botocores_own_findings_and_all_problems_at_once():
     assert "TrainingJobName: 'job_1' does not match" in message
 
 
+def test_a_list_where_a_map_belongs_is_a_problem_not_a_crash():
+    """Environment is a map; a list in its place is botocore's finding, reported like any
+    other (the strict walk used to call .items() on it: AttributeError)."""
+    with pytest.raises(ConfigError) as refused:
+        schema.validate("CreateTrainingJob", minimal(Environment=["EPOCHS=3"]))
+    assert "Environment" in str(refused.value)
+
+
 def test_unicode_classes_accept_text_and_refuse_control_characters():
     shape_pattern = (
         schema.input_shape("CreateAlgorithm").members["AlgorithmDescription"].metadata["pattern"]

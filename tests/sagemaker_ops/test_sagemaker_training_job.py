@@ -536,7 +536,7 @@ SCRIPT = {"sagemaker_program": "train.py"}
             ),
             "the train channel must be FullyReplicated",
         ),
-        (dict(instance_groups=GROUPS * 3), "at most 5, each named once"),
+        (dict(instance_groups=GROUPS * 3), "at most 5 groups, each named once"),
         (dict(instance_groups=(("x" * 65, "ml.c5.xlarge", 1),)), "1 to 64 characters"),
         (dict(instance_groups=(("train", "ml.c5.xlarge", 0),)), "instance group train's count"),
     ],
@@ -547,6 +547,13 @@ def test_instance_groups_that_would_fail_the_job_are_refused_unsent(changes, mes
     assert message in str(refused.value)
 
 
+def mlflow_dry_run(capsys, no_clients, uri, *more):
+    """`sagemaker-ops train ... --mlflow URI MORE... --dry-run`: its exit code and what it printed."""
+    arguments = [*ARGS, "--channel", "train=s3://my-bucket/t/", "--mlflow", uri, *more]
+    code = cli.main([*arguments, "--dry-run"], make_clients=no_clients)
+    return code, capsys.readouterr()
+
+
 @pytest.mark.parametrize(
     "uri",
     [
@@ -555,23 +562,9 @@ def test_instance_groups_that_would_fail_the_job_are_refused_unsent(changes, mes
     ],
 )
 def test_cli_logs_the_job_to_mlflow_through_the_environment(capsys, no_clients, uri):
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--mlflow",
-                uri,
-                "--mlflow-experiment",
-                "digits",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
-    )
-    [step] = json.loads(capsys.readouterr().out)
+    code, printed = mlflow_dry_run(capsys, no_clients, uri, "--mlflow-experiment", "digits")
+    assert code == 0
+    [step] = json.loads(printed.out)
     botocore_accepts("CreateTrainingJob", step["request"])
     assert step["request"]["Environment"] == {
         "MLFLOW_TRACKING_URI": uri,
@@ -590,15 +583,9 @@ def test_cli_logs_the_job_to_mlflow_through_the_environment(capsys, no_clients, 
     ],
 )
 def test_cli_refuses_a_tracking_uri_the_job_could_not_use(capsys, no_clients, uri, message):
-    assert (
-        cli.main(
-            ARGS + ["--channel", "train=s3://my-bucket/t/", "--mlflow", uri, "--dry-run"],
-            make_clients=no_clients,
-        )
-        == 2
-    )
-    refusal = capsys.readouterr().err
-    assert message in refusal and "nothing was sent" in refusal
+    code, printed = mlflow_dry_run(capsys, no_clients, uri)
+    assert code == 2
+    assert message in printed.err and "nothing was sent" in printed.err
 
 
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:mlflow-token-AbCdEf"
@@ -606,23 +593,10 @@ SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:mlflow-token-
 
 def test_cli_keeps_the_mlflow_token_in_secrets_manager(capsys, no_clients):
     """--mlflow-token-secret: the job's Environment names the secret; nothing to warn of."""
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--mlflow",
-                "https://mlflow.example.com",
-                "--mlflow-token-secret",
-                SECRET_ARN,
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    code, printed = mlflow_dry_run(
+        capsys, no_clients, "https://mlflow.example.com", "--mlflow-token-secret", SECRET_ARN
     )
-    printed = capsys.readouterr()
+    assert code == 0
     [step] = json.loads(printed.out)
     botocore_accepts("CreateTrainingJob", step["request"])
     assert step["request"]["Environment"] == {
@@ -635,27 +609,15 @@ def test_cli_keeps_the_mlflow_token_in_secrets_manager(capsys, no_clients):
 def test_cli_masks_secrets_in_what_it_prints_and_warns_of_a_token_in_the_environment(
     capsys, no_clients
 ):
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--mlflow",
-                "http://me:pa55@mlflow.example.com:5000",
-                "--env",
-                "MLFLOW_TRACKING_TOKEN=tok-123",
-                "--env",
-                "AWS_SECRET_ACCESS_KEY=key-456",
-                "--env",
-                "EPOCHS=3",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    code, printed = mlflow_dry_run(
+        capsys,
+        no_clients,
+        "http://me:pa55@mlflow.example.com:5000",
+        *("--env", "MLFLOW_TRACKING_TOKEN=tok-123"),
+        *("--env", "AWS_SECRET_ACCESS_KEY=key-456"),
+        *("--env", "EPOCHS=3"),
     )
-    printed = capsys.readouterr()
+    assert code == 0
     for secret in ("tok-123", "key-456", "pa55"):
         assert secret not in printed.out and secret not in printed.err
     [step] = json.loads(printed.out)
@@ -701,20 +663,8 @@ def test_what_is_sent_is_not_masked(stubbed):
 
 
 def test_cli_refuses_a_token_secret_that_is_no_secret_arn(capsys, no_clients):
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--mlflow",
-                "https://mlflow.example.com",
-                "--mlflow-token-secret",
-                "my-token",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 2
+    code, printed = mlflow_dry_run(
+        capsys, no_clients, "https://mlflow.example.com", "--mlflow-token-secret", "my-token"
     )
-    assert "is not the ARN of a Secrets Manager secret" in capsys.readouterr().err
+    assert code == 2
+    assert "is not the ARN of a Secrets Manager secret" in printed.err

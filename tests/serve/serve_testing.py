@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import requests
 from container.network import free_port
 from serve.config import ServeConfig
 from serve.worker import assemble_app
+from tests.waiting import eventually
 
 INPUT_SHAPE = (2, 2)
 CLASSES = ["cat", "dog", "bird"]
@@ -71,15 +71,15 @@ DEADLINE_S = 300  # generous: loading TensorFlow on a busy 2-core machine takes 
 
 
 def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):
-    """Poll `condition` until it returns something other than None or False; return that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """Poll `condition` until it returns something other than None or False; return that (a
+    response body of b"" or a count of 0 is an answer here, so the value travels boxed through
+    `eventually`, which waits for a truthy one)."""
+
+    def answered():
         result = condition()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.05)
+        return None if result is None or result is False else (result,)
+
+    return eventually(answered, f"{what} did not happen within {timeout_s} s", timeout_s)[0]
 
 
 class Server:

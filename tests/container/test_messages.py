@@ -1,0 +1,67 @@
+"""The coordinator's messages (container.messages): each written as the protocol's one line and
+read back the same; a line that is no message is a MalformedMessage that says what is wrong."""
+
+import pytest
+
+from container.failure import Outcome
+from container.messages import BYE, PING, MalformedMessage, Message, Verb, parse
+from job.protocol import FailureKind
+
+FAILED = Outcome.failed(FailureKind.CONFIG, 'bad "lr"\nsee the README', 2)
+GOLDEN = [
+    (Message(Verb.HELLO, "algo-2"), "HELLO algo-2"),
+    (Message(Verb.KEY, "ssh-ed25519 AAAA job"), "KEY ssh-ed25519 AAAA job"),
+    (Message(Verb.READY, "ssh-ed25519 BBBB host"), "READY ssh-ed25519 BBBB host"),
+    (Message(Verb.READY, "-"), "READY -"),
+    (Message(Verb.FAIL, "sshd rejected its configuration"), "FAIL sshd rejected its configuration"),
+    (PING, "PING"),
+    (BYE, "BYE"),
+    (Message(Verb.EXIT, outcome=Outcome.success()), 'EXIT 0 ok ""'),
+    (Message(Verb.EXIT, outcome=FAILED), 'EXIT 2 config "bad \\"lr\\"\\nsee the README"'),
+    (Message(Verb.ENDED, outcome=FAILED), 'ENDED 2 config "bad \\"lr\\"\\nsee the README"'),
+]
+
+
+@pytest.mark.parametrize(("message", "line"), GOLDEN, ids=[line[:12] for _, line in GOLDEN])
+def test_each_message_is_its_one_line_and_reads_back(message, line):
+    assert message.line() == line
+    assert parse(line) == message
+
+
+def test_a_multi_line_reason_is_sent_on_one_line_whole():
+    """sshd's configuration check prints several lines; the leader reads the whole reason."""
+    message = Message(Verb.FAIL, "sshd rejected its configuration: line 3: bad\nline 9: worse")
+    assert message.line() == "FAIL sshd rejected its configuration: line 3: bad line 9: worse"
+    assert parse(message.line()).text.endswith("line 9: worse")
+
+
+@pytest.mark.parametrize(
+    ("line", "problem", "verb"),
+    [
+        ("GET / HTTP/1.1", "not a message of the protocol: 'GET / HTTP/1.1'", None),
+        ("hello algo-2", "not a message of the protocol", None),
+        ("HELLO", "HELLO without its argument: 'HELLO'", Verb.HELLO),
+        ("HELLO   ", "HELLO without its argument", Verb.HELLO),
+        ("READY ", "READY without its argument", Verb.READY),
+        ("PING now", "PING takes nothing after it: 'PING now'", Verb.PING),
+        ("EXIT 1 config", "not an outcome: 'EXIT 1 config'", Verb.EXIT),
+        ('EXIT 256 config "x"', "not an outcome", Verb.EXIT),
+        ('EXIT 0 config "x"', "not an outcome", Verb.EXIT),
+        ("EXIT 1 config [1]", "not an outcome", Verb.EXIT),
+        ('EXIT 1 bogus "x"', "not an outcome", Verb.EXIT),
+        ("ENDED 1 config " + "[" * 5000 + "]" * 5000, "an outcome nested too deeply", Verb.ENDED),
+        ('ENDED 0 ok "fine"', "ENDED without a failure", Verb.ENDED),
+    ],
+)
+def test_a_line_that_is_no_message_says_what_is_wrong(line, problem, verb):
+    with pytest.raises(MalformedMessage, match="^" + problem.replace("[", r"\[")) as raised:
+        parse(line)
+    assert raised.value.verb is verb
+    assert raised.value.line == line
+
+
+def test_an_outcome_comes_with_exit_and_ended_only():
+    with pytest.raises(ValueError, match="carries an outcome exactly when it is EXIT or ENDED"):
+        Message(Verb.FAIL, outcome=FAILED)
+    with pytest.raises(ValueError, match="carries an outcome exactly when it is EXIT or ENDED"):
+        Message(Verb.EXIT)
