@@ -26,7 +26,12 @@ So every process writes, into its own host's checkpoint folder, only the shards 
   recorded size, and together cover every variable exactly once (`read_manifest`); else
   `IncompleteCheckpoint` names what is missing, so a half-synced prefix is never used.
 - Reading reshards: for each block a device of the current model needs (another mesh, another
-  process count) the overlapping stored shards are copied into place (`Manifest.assemble`).
+  process count) the overlapping stored shards are copied into place (`Manifest.assemble`);
+  a process whose model is not split across processes reads each variable whole
+  (`read_whole`).
+- A restart inside the job (`max_restarts`) finds each host holding only its own files: S3
+  merges them only at the next start. Before reading, the processes send each other the files
+  their hosts lack (`share_files`), so that every host holds what S3's merge would give it.
 
 The index logic and file I/O here need only NumPy (the unit tests run without JAX); the JAX
 part (`save_arrays`, `restore_arrays`, `save_variables`, `restore_variables`) imports JAX when
@@ -435,6 +440,80 @@ def _coverage_problem(spec: VariableSpec, shards: list[Shard]) -> str | None:
     return None
 
 
+def is_sharded(folder: Path) -> bool:
+    """Whether a checkpoint folder holds a sharded checkpoint (else the leader's whole one)."""
+    return (Path(folder) / SHARDS).is_dir()
+
+
+def read_whole(folder: Path, wanted: Sequence[VariableSpec]) -> list[np.ndarray]:
+    """The whole value of each of `wanted` (named as `save_variables` names them) from the
+    sharded checkpoint in `folder`, for a process that holds a whole model (a job resumed
+    without a model axis across processes: another instance count or mesh). Needs every
+    process's files here, as S3 restores them; IncompleteCheckpoint otherwise."""
+    manifest = read_manifest(folder)
+    try:
+        manifest.check_holds(wanted)
+        return [manifest.assemble(spec.name, whole(spec.shape)) for spec in wanted]
+    finally:
+        manifest.close()
+
+
+# ---- sharing the files of a checkpoint between hosts ----------------------------------------
+
+# A file travels in pieces of at most this many bytes (MPI counts in 32-bit integers).
+CHUNK = 64 * 2**20
+# A file one process needs from another: (its name in shards/, from which process, to which).
+Transfer = tuple[str, int, int]
+
+
+def held_files(folder: Path) -> dict[str, int]:
+    """The complete shard files in `folder`/shards/ (name -> bytes): names in place only."""
+    shards_folder = Path(folder) / SHARDS
+    if not shards_folder.is_dir():
+        return {}
+    return {p.name: p.stat().st_size for p in shards_folder.iterdir() if _FILE.match(p.name)}
+
+
+def transfers(held: Sequence[dict[str, int]]) -> list[Transfer]:
+    """Who sends which file to whom, given the files each process's folder holds (in process
+    order): each file some process lacks comes from the lowest process holding it with the
+    largest size (a shorter copy is a partial one), in one order that every process computes
+    alike. Processes sharing a disk all lack the same files, and each writes its copy."""
+    names = sorted(set().union(*held))
+    plan = []
+    for name in names:
+        largest = max(files.get(name, -1) for files in held)
+        source = next(p for p, files in enumerate(held) if files.get(name) == largest)
+        plan.extend((name, source, p) for p, files in enumerate(held) if files.get(name) != largest)
+    return plan
+
+
+def share_files(folder: Path, comm: Any) -> list[str]:
+    """Every process calls it (a collective over `comm`, mpi4py's communicator): afterwards
+    each process's `folder`/shards/ holds every shard file that any process's copy holds, as
+    after S3's merge; the names this process received. A file received is written aside and
+    renamed, under a name of this process's own (another process of the host may write it
+    too), so a name in place always holds a whole file."""
+    rank = comm.Get_rank()
+    held = comm.allgather(held_files(folder))
+    received = []
+    for name, source, target in transfers(held):
+        path = Path(folder) / SHARDS / name
+        if rank == source:
+            with open(path, "rb") as data:
+                for _ in range(0, held[source][name], CHUNK):
+                    comm.send(data.read(CHUNK), dest=target)
+        elif rank == target:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{name}.partial-{rank}")
+            with open(partial, "wb") as out:
+                for _ in range(0, held[source][name], CHUNK):
+                    out.write(comm.recv(source=source))
+            os.replace(partial, path)
+            received.append(name)
+    return received
+
+
 # ---- JAX: this process's shards of global arrays --------------------------------------------
 
 
@@ -504,6 +583,15 @@ def save_variables(folder: Path, variables: Sequence) -> ProcessIndex:
     """`save_arrays` of Keras 3 variables (on JAX), named by their paths."""
     names = unique_names([variable.path for variable in variables])
     return save_arrays(folder, [(n, v.value) for n, v in zip(names, variables)])
+
+
+def variable_specs(variables: Sequence) -> list[VariableSpec]:
+    """Keras 3 variables as `save_variables` records them (for `read_whole`)."""
+    names = unique_names([variable.path for variable in variables])
+    return [
+        VariableSpec(name, tuple(v.value.shape), np.dtype(v.value.dtype).name)
+        for name, v in zip(names, variables)
+    ]
 
 
 def restore_variables(folder: Path, variables: Sequence) -> None:

@@ -1,8 +1,10 @@
 """Sharded checkpoints (train.sharded_checkpoint) without JAX: which process writes which
 block, the files each host writes, the union of hosts' folders as S3 merges them, a
-half-synced or cut-short copy refused with what is missing named, and blocks of another
-layout assembled exactly from the stored ones. JAX's part (its shardings, 2 processes on
-loopback) is tests/image/test_sharded_checkpoints.py."""
+half-synced or cut-short copy refused with what is missing named, blocks of another layout
+assembled exactly from the stored ones, and the hosts' files shared over real MPI processes (a
+restart inside the job, before S3 merged them). JAX's part (its shardings, 2 processes on
+loopback) is tests/image/test_sharded_checkpoints.py and, in the built-in trainer,
+tests/image/test_model_parallel.py."""
 
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ from tests.conftest import ROOT
 from train.sharded_checkpoint import (
     IncompleteCheckpoint,
     VariableSpec,
+    held_files,
     owned_regions,
     read_manifest,
+    read_whole,
     region_of,
+    transfers,
     unique_names,
     write_process_files,
 )
@@ -200,6 +205,76 @@ def test_a_model_that_changed_is_named(tmp_path):
         "sequential/d1/bias is float32[12] there, float32[16] in the model; new is not in it"
     ) in str(raised.value)
     manifest.check_holds(SPECS)  # the same model: nothing raised
+
+
+def test_a_whole_model_is_read_from_the_merged_shards_and_refused_from_one_host(tmp_path):
+    """A job resumed without a model axis across processes reads each variable whole."""
+    first, second = saved_on_two_hosts(tmp_path)
+    values = read_whole(merged(tmp_path, first, second), SPECS)
+    for got, (want, _) in zip(values, VARIABLES.values()):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    with pytest.raises(IncompleteCheckpoint, match="2 of 4 files missing"):
+        read_whole(first, SPECS)
+
+
+def test_each_missing_file_comes_from_the_lowest_holder_of_its_whole_copy():
+    held = [
+        {"a.json": 10, "a.npz": 100},  # process 0 wrote a
+        {"a.json": 10, "a.npz": 40, "b.json": 12},  # a cut-short copy of a.npz
+        {"b.json": 12, "b.npz": 90},
+        {"b.json": 12, "b.npz": 90},  # a process sharing process 2's disk
+    ]
+    assert transfers(held) == [
+        ("a.json", 0, 2),
+        ("a.json", 0, 3),
+        ("a.npz", 0, 1),
+        ("a.npz", 0, 2),
+        ("a.npz", 0, 3),
+        ("b.json", 1, 0),
+        ("b.npz", 2, 0),
+        ("b.npz", 2, 1),
+    ]
+    assert transfers([{"a.json": 1}, {"a.json": 1}]) == []  # S3 restored both: nothing sent
+
+
+SHARE = """
+import sys
+from pathlib import Path
+from mpi4py import MPI
+from train import sharded_checkpoint
+sharded_checkpoint.CHUNK = 1000  # several pieces per file
+folder = Path(sys.argv[1 + MPI.COMM_WORLD.Get_rank()])
+print("RECEIVED", MPI.COMM_WORLD.Get_rank(), sharded_checkpoint.share_files(folder, MPI.COMM_WORLD))
+"""
+
+
+def test_processes_send_each_other_the_files_their_hosts_lack(tmp_path):
+    """A restart inside the job: each host holds only its own files (and here a half-written
+    one); afterwards each holds the whole checkpoint, byte for byte, as after S3's merge."""
+    first, second = saved_on_two_hosts(tmp_path)
+    (second / "shards" / "process-00000-of-00002.json").write_text("{")  # cut short
+    whole = merged(tmp_path, *saved_on_two_hosts(tmp_path / "again"))
+    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+    result = subprocess.run(
+        [*command, sys.executable, "-c", SHARE, str(first), str(second)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RECEIVED 0 ['process-00001-of-00002.json', 'process-00001-of-00002.npz']" in (
+        result.stdout
+    )
+    assert (
+        "RECEIVED 1 ['process-00000-of-00002.json', 'process-00000-of-00002.npz']"
+    ) in result.stdout
+    for folder in (first, second):
+        assert held_files(folder) == held_files(whole)
+        for name in held_files(whole):
+            assert (folder / "shards" / name).read_bytes() == (whole / "shards" / name).read_bytes()
+        assert not [p.name for p in (folder / "shards").iterdir() if "partial" in p.name]
+        assert [a.shape for a in read_whole(folder, SPECS)] == [s.shape for s in SPECS]
 
 
 def test_repeated_names_get_a_suffix():
