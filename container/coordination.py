@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from container.failure import Outcome, relayed
+from container.logs import log
 from container.messages import BYE, PING, MalformedMessage, Message, Verb, parse
 from container.network import address_of
 from job.errors import PlatformError, TrainError
@@ -55,10 +56,6 @@ HELLO_TIMEOUT = 10.0
 HANDSHAKE_TIMEOUT = 120.0
 SEND_TIMEOUT = 10.0
 MAX_PENDING = 32
-
-
-def log(message: str) -> None:
-    print(f"launcher: {message}", flush=True)
 
 
 class ProtocolError(Exception):
@@ -174,7 +171,7 @@ class _Gate:
             else f"expected HELLO <host>, got {hello[:80]!r}"
         )
         if refusal:
-            log(f"coordinator: refused a connection from {peer_address}: {refusal}")
+            log.info(f"coordinator: refused a connection from {peer_address}: {refusal}")
             return None
         return host
 
@@ -411,7 +408,7 @@ class Leader:
             except OSError as error:
                 if self.server.fileno() < 0 or error.errno == errno.EINVAL:
                     return  # closed by close()
-                log(f"coordinator: accept failed ({error}); still listening")
+                log.info(f"coordinator: accept failed ({error}); still listening")
                 time.sleep(0.1)
                 continue
             if not self.gate.enter():
@@ -422,7 +419,7 @@ class Leader:
                     target=self._serve, args=(_Connection(sock), peer_address), daemon=True
                 ).start()
             except Exception as error:  # no thread to be had: drop this one, keep listening
-                log(f"coordinator: cannot serve {peer_address} ({error}); still listening")
+                log.info(f"coordinator: cannot serve {peer_address} ({error}); still listening")
                 sock.close()
                 self.gate.leave()
 
@@ -433,11 +430,13 @@ class Leader:
             if host:
                 self._follow(peer, host)
         except (OSError, ProtocolError, ValueError) as error:
-            log(f"coordinator: dropped {host or peer_address}: {error or type(error).__name__}")
+            log.info(
+                f"coordinator: dropped {host or peer_address}: {error or type(error).__name__}"
+            )
             if host:
                 self._lost(host, f"broke the protocol or the connection: {error}")
         except Exception as error:  # the coordinator must outlive any one connection
-            log(f"coordinator: internal error serving {host or peer_address}: {error!r}")
+            log.info(f"coordinator: internal error serving {host or peer_address}: {error!r}")
         finally:
             peer.close()
             with self.roster.condition:
@@ -458,7 +457,7 @@ class Leader:
             peer.send(Message(Verb.EXIT, outcome=joined))
             return None
         if not joined:
-            log(f"coordinator: refused a second connection for {host} from {peer_address}")
+            log.info(f"coordinator: refused a second connection for {host} from {peer_address}")
             return None
         peer.send(Message(Verb.KEY, self.public_key))
         peer.ping_until_closed()
@@ -508,16 +507,18 @@ class Leader:
                 self.roster.leave(host)
                 return
             if message.verb is Verb.ENDED and message.outcome and host in self.data_hosts:
-                log(f"coordinator: the script on data host {host} failed: {message.outcome.reason}")
+                log.info(
+                    f"coordinator: the script on data host {host} failed: {message.outcome.reason}"
+                )
                 self.roster.end(host, message.outcome)
                 self.abort.set()
             elif message.verb is Verb.READY:
-                log(f"coordinator: ignored a second READY from {host}")
+                log.info(f"coordinator: ignored a second READY from {host}")
 
     def _lost(self, host: str, why: str) -> None:
         if not self.roster.lose(host, why):
             return
-        log(f"coordinator: lost contact with worker {host}: {why}")
+        log.info(f"coordinator: lost contact with worker {host}: {why}")
         if host in self.data_hosts:  # no rank of its own fails with it: stop them
             self.abort.set()
 
@@ -628,7 +629,7 @@ def _serve_leader(
 def leaders_outcome(outcome: Outcome, host: str, leader: str) -> Outcome:
     """How a worker or a data host ends: it says what the leader reported and returns this
     host's copy of the outcome (container.failure.relayed)."""
-    log(f"the leader {leader} reports exit code {outcome.exit_code}")
+    log.info(f"the leader {leader} reports exit code {outcome.exit_code}")
     return relayed(outcome, host, leader)
 
 

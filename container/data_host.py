@@ -32,6 +32,7 @@ from typing import Any
 from container import network
 from container.coordination import follow_leader, leaders_outcome
 from container.failure import Outcome
+from container.logs import log
 from container.messages import Message, Verb
 from container.plan import LaunchPlan
 from container.supervisor import run_supervised
@@ -72,7 +73,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     ready.wait()
     if not ended.is_set():
         what = "the script" if plan.job.program else "the tf.data service"
-        print(f"launcher: data host {cluster.current_host} runs {what} on its own", flush=True)
+        log.info(f"data host {cluster.current_host} runs {what} on its own")
         outcome = run_supervised(
             list(plan.data_command),
             grace=launch.stop_grace,

@@ -21,9 +21,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import sys
 from pathlib import Path
 
+from container.logs import log
 from job import notices
 from job.paths import MlPaths
 
@@ -82,10 +82,6 @@ def warn_if_empty(paths: MlPaths, since: float) -> None:
             paths.model_dir, paths.code_dir, model_like_files(paths.code_dir, since)
         )
     except OSError as error:
-        print(
-            f"launcher: cannot check the model folder {paths.model_dir}: {error.strerror or error}",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.warning(f"cannot check the model folder {paths.model_dir}: {error.strerror or error}")
         return
     notices.warn(paths, WARNING_FILE, text, "launcher")

@@ -25,13 +25,13 @@ stderr line) loses its middle in `write_failure`, never its start or end.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from container.logs import log
 from job.checkpoint_folders import STATE, newest_usable
 from job.paths import MlPaths
 from job.protocol import (
@@ -269,9 +269,7 @@ def write_failure(paths: MlPaths, message: str) -> None:
         temporary.write_text(text, encoding="utf-8")
         temporary.replace(paths.failure_file)
     except OSError as error:
-        print(
-            f"launcher: cannot write the failure file {paths.failure_file} "
-            f"({error.strerror or error}); the reason was: {message}",
-            file=sys.stderr,
-            flush=True,
+        log.error(
+            f"cannot write the failure file {paths.failure_file} "
+            f"({error.strerror or error}); the reason was: {message}"
         )

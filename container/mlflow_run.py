@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from container.failure import Outcome
+from container.logs import log
 from container.plan import LaunchPlan
 from job import notices
 from job.paths import MlPaths
@@ -107,10 +108,7 @@ def begin(
             "the log and in output/data)"
         )
         return None, {}, {}
-    print(
-        f"launcher: MLflow run {run_id} in experiment {experiment} at {tracking.endpoint}",
-        flush=True,
-    )
+    log.info(f"MLflow run {run_id} in experiment {experiment} at {tracking.endpoint}")
     run = RunLogger(tracking, run_id, warn)
     run.log(params=run_params(hyperparameters, plan), tags=run_tags(plan, environ, stack))
     return run, {"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment}, secret

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from container.failure import Outcome
+from container.logs import log
 from job.protocol import FailureKind
 
 ATTEMPTS_FILE = "attempts.json"
@@ -103,17 +104,13 @@ def run_with_restarts(
         write_attempts(output_dir, failed)
         why = why_not_restart(outcome, failed, max_restarts)
         if why is not None:
-            print(
-                f"launcher: attempt {len(failed)} failed (exit code {outcome.exit_code}); {why}",
-                flush=True,
-            )
+            log.info(f"attempt {len(failed)} failed (exit code {outcome.exit_code}); {why}")
             break
-        print(
-            f"launcher: attempt {len(failed)} failed (exit code {outcome.exit_code}): "
+        log.info(
+            f"attempt {len(failed)} failed (exit code {outcome.exit_code}): "
             f"{outcome.reason}; restarting every rank on every host from "
             f"{failed[-1].checkpoint or 'the start (no checkpoint yet)'} "
-            f"(restart {len(failed)} of {max_restarts})",
-            flush=True,
+            f"(restart {len(failed)} of {max_restarts})"
         )
     if len(failed) > 1 and outcome.exit_code:
         return Outcome(
@@ -123,5 +120,5 @@ def run_with_restarts(
             outcome.exit_code,
         )
     if failed:
-        print(f"launcher: the job succeeded after {len(failed)} restart(s)", flush=True)
+        log.info(f"the job succeeded after {len(failed)} restart(s)")
     return outcome

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, cast
 
+from container.logs import log
+
 KILL_AFTER = 10.0  # seconds between SIGTERM to a session and SIGKILL to what is left of it
 POLL = 0.2
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -82,11 +84,10 @@ def adopt_orphans() -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
         return True
-    print(
-        f"launcher: cannot adopt orphaned processes (prctl: "
+    log.info(
+        f"cannot adopt orphaned processes (prctl: "
         f"{os.strerror(ctypes.get_errno())}); what the ranks leave on this host is ended "
-        "with the container",
-        flush=True,
+        "with the container"
     )
     return False
 
@@ -112,30 +113,25 @@ def end_processes(
     found = find()
     if not found:
         return
-    print(
-        f"launcher: {why}; ending {what} ({len(found)}: pids {', '.join(map(str, sorted(found)))})",
-        flush=True,
-    )
+    log.info(f"{why}; ending {what} ({len(found)}: pids {', '.join(map(str, sorted(found)))})")
     _signal(found, signal.SIGTERM)
     deadline = time.monotonic() + kill_after
     while (found := find()) and time.monotonic() < deadline:
         time.sleep(POLL)
     if not found:
         return
-    print(
-        f"launcher: {len(found)} of them still running {kill_after:g} s after SIGTERM (pids "
-        f"{', '.join(map(str, sorted(found)))}); killing them",
-        flush=True,
+    log.info(
+        f"{len(found)} of them still running {kill_after:g} s after SIGTERM (pids "
+        f"{', '.join(map(str, sorted(found)))}); killing them"
     )
     deadline = time.monotonic() + KILL_AFTER
     while (found := find()) and time.monotonic() < deadline:  # forks made meanwhile too
         _signal(found, signal.SIGKILL)
         time.sleep(POLL / 4)
     if found:  # in the kernel's uninterruptible sleep (a dead mount's read)
-        print(
-            f"launcher: pids {', '.join(map(str, sorted(found)))} survive SIGKILL (stuck in "
-            "the kernel); leaving them",
-            flush=True,
+        log.info(
+            f"pids {', '.join(map(str, sorted(found)))} survive SIGKILL (stuck in "
+            "the kernel); leaving them"
         )
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from container import untar
+from container.logs import log
 from job.errors import ConfigError
 from job.paths import MlPaths
 from job.sagemaker_config import JobConfig
@@ -64,9 +65,9 @@ def prepare(job: JobConfig, settings: JobHyperparameters, environ: Mapping[str, 
     # means "the code is already in the code folder", which under `train --ml-root DIR` is
     # DIR/code.
     if local is not None and (local.resolve() == code_dir.resolve() or local == MlPaths().code_dir):
-        print(f"launcher: the submit directory {uri} is the code folder itself", flush=True)
+        log.info(f"the submit directory {uri} is the code folder itself")
     else:
-        print(f"launcher: fetching the submit directory {uri} into {code_dir}", flush=True)
+        log.info(f"fetching the submit directory {uri} into {code_dir}")
         staging = code_dir.with_name(f".{code_dir.name}-staging-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -254,7 +255,7 @@ def install_requirements(code_dir: Path, uri: str, name: str, environ: Mapping[s
         return
     command = pip_install_command(name, environ)
     cached = " (pip's cache in the warm pool's folder)" if "--cache-dir" in command else ""
-    print(f"launcher: installing {name} of the submit directory{cached}", flush=True)
+    log.info(f"installing {name} of the submit directory{cached}")
     result = subprocess.run(
         command, cwd=code_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

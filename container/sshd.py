@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from container.logs import log
 from job.errors import PlatformError
 
 SSHD_CONFIG = """\
@@ -223,7 +224,7 @@ def start_sshd(
     authorized.chmod(0o600)
     text, skipped = sshd_config(files.runtime, address=address, port=port, environ=os.environ)
     for reason in skipped:
-        print(f"launcher: the ranks this host's sshd starts do not get {reason}", flush=True)
+        log.info(f"the ranks this host's sshd starts do not get {reason}")
     config = files.runtime / "sshd_config"
     config.write_text(text, encoding="utf-8", errors="surrogateescape")  # the values' own bytes
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory

@@ -35,6 +35,7 @@ from typing import Any
 
 from container.failure import Outcome, OutputLog, restart_point, summarize
 from container.lines import WholeLines
+from container.logs import log
 from container.session import Session
 from container.watchdog import STACK_GRACE, ProgressWatch
 from job.protocol import FailureKind, parse_active
@@ -73,18 +74,16 @@ class StopSignals:
         self.received.set()
         name = signal.Signals(signum).name
         if self.forward:
-            print(
-                f"launcher: received {name}; asking the ranks to save a checkpoint and stop "
-                f"(grace {self.grace:g} s)",
-                flush=True,
+            log.info(
+                f"received {name}; asking the ranks to save a checkpoint and stop "
+                f"(grace {self.grace:g} s)"
             )
             self.session.signal_program(signal.SIGUSR1)
         else:
-            print(
-                f"launcher: received {name}; {self.session.name} runs on until the ranks "
+            log.info(
+                f"received {name}; {self.session.name} runs on until the ranks "
                 f"have saved their checkpoint and the leader reports the job's end (grace "
-                f"{self.grace:g} s)",
-                flush=True,
+                f"{self.grace:g} s)"
             )
         threading.Thread(target=self._deadline, daemon=True).start()
 
@@ -96,10 +95,9 @@ class StopSignals:
             if not self.forward:  # no ranks here to ask for their stacks
                 self.escalate(f"no end of the job reported within the grace of {self.grace:g} s")
                 return
-            print(
-                f"launcher: the ranks did not stop within the grace of {self.grace:g} s; "
-                "asking every rank for its Python stack, then stopping the job",
-                flush=True,
+            log.info(
+                f"the ranks did not stop within the grace of {self.grace:g} s; "
+                "asking every rank for its Python stack, then stopping the job"
             )
             self.stacks_then_escalate()
 
@@ -134,7 +132,7 @@ def run_supervised(
     `forward_stop` off: a stop is not passed on to the program, which runs on until `abort`
     or the grace ends it (a data host's, container.data_host);
     `checkpoint_dir`: where a stop's reason looks for the checkpoint a restart resumes from."""
-    log, lines = OutputLog(), WholeLines()
+    output_log, lines = OutputLog(), WholeLines()
 
     def take(line: str) -> None:
         """One whole line: the watchdog's, or the log's (pulses go nowhere with the watchdog
@@ -143,7 +141,7 @@ def run_supervised(
         if swallowed:
             return
         sys.stdout.write(line + "\n")
-        log.add(line)
+        output_log.add(line)
 
     session = Session(argv, env)
     process = session.process
@@ -165,13 +163,13 @@ def run_supervised(
     if exit_code == 0 and not stopped:
         return Outcome.success()
     if stopped:
-        detail = stop_detail(log, exit_code, stops, host_of_rank, checkpoint_dir)
+        detail = stop_detail(output_log, exit_code, stops, host_of_rank, checkpoint_dir)
         return Outcome.failed(
             FailureKind.STOPPED,
             f"training was stopped by a signal (job "
             f"stopped, max runtime or spot reclaim); {detail}",
         )
-    return summarize(log, exit_code, host_of_rank)
+    return summarize(output_log, exit_code, host_of_rank)
 
 
 def stop_detail(
@@ -212,10 +210,9 @@ def _watchdog(process: subprocess.Popen[str], watch: ProgressWatch, stops: StopS
         if silence is None:
             time.sleep(1.0)
             continue
-        print(
-            f"launcher: no progress for {silence:.0f} s; asking every rank for its Python "
-            "stack, then stopping the job",
-            flush=True,
+        log.info(
+            f"no progress for {silence:.0f} s; asking every rank for its Python "
+            "stack, then stopping the job"
         )
         watch.fire(silence)
         stops.stacks_then_escalate()

@@ -65,6 +65,7 @@ from container.coordination import Leader, follow_leader, leaders_outcome
 from container.data_host import run_data_host
 from container.failure import Outcome, write_failure
 from container.init import become_init
+from container.logs import log
 from container.plan import LaunchPlan, make_plan
 from container.restarts import run_with_restarts
 from container.session import adopt_orphans, end_descendants
@@ -187,18 +188,16 @@ def with_usable_interface(job: JobConfig, host_timeout: float, dry_run: bool) ->
     address = network.address_of(host)
     chosen = network.interface_for(named, address, interfaces)
     if chosen is None:
-        print(
-            f"launcher: network interface {named} (resourceconfig.json) is not on this host "
+        log.info(
+            f"network interface {named} (resourceconfig.json) is not on this host "
             f"and none carries {host}'s address {address} ("
             f"{', '.join(f'{name} {value}' for name, value in interfaces.items())}); "
-            f"keeping {named}",
-            flush=True,
+            f"keeping {named}"
         )
         return job
-    print(
-        f"launcher: network interface {named} (resourceconfig.json) is not on this host; "
-        f"using {chosen}, which carries {host}'s address {address}",
-        flush=True,
+    log.info(
+        f"network interface {named} (resourceconfig.json) is not on this host; "
+        f"using {chosen}, which carries {host}'s address {address}"
     )
     return dataclasses.replace(
         job, resources=dataclasses.replace(resources, network_interface_name=chosen)
@@ -207,14 +206,10 @@ def with_usable_interface(job: JobConfig, host_timeout: float, dry_run: bool) ->
 
 def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
     if outcome.exit_code == 0:
-        print("launcher: job completed", flush=True)
+        log.info("job completed")
         print(mark_line(Mark.JOB_DONE), flush=True)
         return 0
-    print(
-        f"launcher: job FAILED (exit code {outcome.exit_code}): {outcome.reason}",
-        file=sys.stderr,
-        flush=True,
-    )
+    log.error(f"job FAILED (exit code {outcome.exit_code}): {outcome.reason}")
     if not dry_run:
         write_failure(paths, outcome.reason)
     return outcome.exit_code
@@ -223,29 +218,24 @@ def report(paths: MlPaths, outcome: Outcome, dry_run: bool) -> int:
 def log_plan(plan: LaunchPlan) -> None:
     cluster = plan.cluster
     role = "leader" if cluster.is_leader else "data host" if cluster.is_data_host else "worker"
-    print(
-        f"launcher: host {cluster.current_host} ({role}) of {len(cluster.hosts)}: "
+    log.info(
+        f"host {cluster.current_host} ({role}) of {len(cluster.hosts)}: "
         f"{', '.join(cluster.hosts)}; {cluster.processes_per_host} rank(s) per host, "
-        f"world size {cluster.world_size}",
-        flush=True,
+        f"world size {cluster.world_size}"
     )
     if cluster.data_hosts:
-        print(
-            f"launcher: data hosts (other instance groups, the script on its own): "
-            f"{', '.join(cluster.data_hosts)}",
-            flush=True,
+        log.info(
+            f"data hosts (other instance groups, the script on its own): "
+            f"{', '.join(cluster.data_hosts)}"
         )
     if plan.ignored_hyperparameters:
-        print(
-            f"launcher: ignoring SDK hyperparameters: {', '.join(plan.ignored_hyperparameters)}",
-            flush=True,
-        )
+        log.info(f"ignoring SDK hyperparameters: {', '.join(plan.ignored_hyperparameters)}")
     if plan.batches:
-        print(f"launcher: {plan.batches.derivation()}", flush=True)
+        log.info(plan.batches.derivation())
     if cluster.is_leader:
-        print(f"launcher: running: {shlex.join(plan.mpirun)}", flush=True)
+        log.info(f"running: {shlex.join(plan.mpirun)}")
     elif cluster.is_data_host:
-        print(f"launcher: running: {shlex.join(plan.data_command)}", flush=True)
+        log.info(f"running: {shlex.join(plan.data_command)}")
 
 
 def supervise(
@@ -330,7 +320,7 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
             )
             network.wait_sshd(cluster.hosts, launch.sshd_port, launch.host_timeout)
         hosts = len(cluster.hosts) + len(cluster.data_hosts)
-        print(f"launcher: all {hosts} hosts ready", flush=True)
+        log.info(f"all {hosts} hosts ready")
         print(mark_line(Mark.HOSTS_READY), flush=True)
         outcome = supervise(plan, paths, coordinator.root_cause, coordinator.abort)
     except TrainError as error:
@@ -358,7 +348,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     # The leader stops the job on SIGTERM; this host must keep its ranks alive meanwhile.
     previous = signal.signal(
         signal.SIGTERM,
-        lambda *_: print("launcher: SIGTERM received; the leader is stopping the job", flush=True),
+        lambda *_: log.info("SIGTERM received; the leader is stopping the job"),
     )
     adopt_orphans()  # what a rank leaves here outlives the MPI daemon that started it
     try:
