@@ -16,6 +16,9 @@ Waiting that burns CPU without working is kept out of the measure:
 - Horovod's background thread negotiates with the other ranks every cycle, and spins in MPI
   (yielding, but runnable) while a peer does not answer: the threads that Horovod's `init`
   starts are not counted.
+- JAX's distributed runtime wakes on timers whatever the process does: Gloo's event loop
+  every 10 ms, the coordination service's gRPC threads on theirs. Those threads are not
+  counted either (exclude_jax_threads); the CPU backend's compute threads are.
 - The trainer's own per-step MPI agreement waits without spinning (train.agreement.agree).
 A script's own busy-wait loop counts as computing. A frozen process's pulse is frozen with it,
 and a rank whose C code holds the interpreter lock through a whole pulse is not heard from
@@ -42,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from job.protocol import PULSE_SECONDS, active_line, progress_line
 
@@ -213,3 +217,29 @@ def exclude_horovod_threads() -> None:
 
     if not getattr(HorovodBasics.init, "excludes_new_threads", False):
         HorovodBasics.init = excluding_new_threads(HorovodBasics.init)
+
+
+def exclude_jax_threads(jax: Any) -> None:
+    """Leave out the threads of JAX's distributed runtime in this process (`jax`, imported).
+
+    Measured on the TF 2.21 image (JAX 0.10.2), two processes on a crowded 2-core host, one
+    frozen and the other idle in a collective: the idle one wanted 0.2-0.42 cores, above
+    BUSY_CORES, almost all of it run-queue wait of threads that wake on timers, started by
+    two calls:
+    - `jax.distributed.initialize`: the coordination service's gRPC client (and on process 0
+      its server), 15 threads, together 0.06-0.09 cores;
+    - the CPU backend's `make_gloo_tcp_collectives`: one thread, Gloo's TCP event loop, whose
+      `epoll_wait` returns every 10 ms: 0.14-0.33 cores.
+    With both left out, the idle process measured 0.0000 cores. They are left out by the call that starts
+    them, not by name: Gloo's thread bears its creator's name ("python"), as do ten of the
+    twelve threads that the backend's `make_cpu_client` starts right after it, among them the
+    pools XLA computes on, which must count. The Gloo call is looked up in JAX's private
+    `jax._src.lib._jax`, where JAX's xla_bridge calls it; a JAX that moved it keeps that thread
+    counted (tests/image/test_keras_jax.py's frozen process then runs on and fails)."""
+    distributed = jax.distributed
+    if not getattr(distributed.initialize, "excludes_new_threads", False):
+        distributed.initialize = excluding_new_threads(distributed.initialize)
+    native = getattr(getattr(getattr(jax, "_src", None), "lib", None), "_jax", None)
+    gloo = getattr(native, "make_gloo_tcp_collectives", None)
+    if gloo is not None and not getattr(gloo, "excludes_new_threads", False):
+        native.make_gloo_tcp_collectives = excluding_new_threads(gloo)

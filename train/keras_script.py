@@ -23,9 +23,13 @@ script's `import keras` finishes, `patch` changes three things, each said in the
   `.<pid>.partial.<name>` beside it and rename it on success; a failed save leaves nothing
   (Keras leaves a 3 KB broken `.keras` when a variable cannot be read).
 
-Before that, once the script imports JAX (itself, or through Keras), `jax.distributed.initialize`
-takes the launcher's heartbeat timeout, longer than its watchdog's, unless the script passes
-its own (train.jax_heartbeat): keras.distribution.initialize() passes none.
+Before that, once the script imports JAX (itself, or through Keras), JAX is readied for the
+launcher's watchdog, which names a frozen process: `jax.distributed.initialize` takes the
+launcher's heartbeat timeout, longer than the watchdog's, unless the script passes its own
+(train.jax_heartbeat): keras.distribution.initialize() passes none; and the threads of JAX's
+distributed runtime, which wake every few milliseconds, are left out of the rank's pulse, so
+that a process waiting in a collective for a frozen one is seen idle
+(train.activity.exclude_jax_threads).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from train import jax_heartbeat, layouts
+from train import activity, jax_heartbeat, layouts
 from train.jax_arrays import ModelTooLarge as ModelTooLarge  # what a script may catch
 from train.jax_arrays import agree_fits, gib, nbytes, spans_processes
 
@@ -49,7 +53,7 @@ from train.jax_arrays import agree_fits, gib, nbytes, spans_processes
 def install() -> None:
     """Patch JAX and Keras 3 now where the script's process already imported them, else once
     it imports them."""
-    for name, callback in (("jax", _lengthen_heartbeat), ("keras", patch)):
+    for name, callback in (("jax", _for_the_watchdog), ("keras", patch)):
         if name in sys.modules:
             callback(sys.modules[name])
         elif not any(
@@ -58,8 +62,9 @@ def install() -> None:
             sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
-def _lengthen_heartbeat(jax: Any) -> None:
+def _for_the_watchdog(jax: Any) -> None:
     jax_heartbeat.lengthen(jax, say)
+    activity.exclude_jax_threads(jax)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -1,17 +1,19 @@
 """What a rank's pulse tells of a main thread that wants no CPU (train.activity.io_wait): real
-threads blocked in a slow HTTP call to a loopback server, a socket read, a lock, a pipe."""
+threads blocked in a slow HTTP call to a loopback server, a socket read, a lock, a pipe; and
+which threads of JAX's distributed runtime it leaves out (train.activity.exclude_jax_threads)."""
 
 import http.server
 import os
 import socket
 import threading
 import time
+import types
 import urllib.request
 
 import pytest
 
 from tests.waiting import eventually
-from train.activity import io_wait
+from train.activity import Pulse, exclude_jax_threads, io_wait
 
 
 @pytest.fixture
@@ -98,3 +100,67 @@ def test_a_tcp_read_is_network_and_a_local_socket_is_not():
     assert io_wait(threading.main_thread().native_id) is None  # running this test
     for each in (listener, client, server, left, right):
         each.close()
+
+
+def started_thread(threads: list[threading.Thread], release: threading.Event) -> None:
+    """Start a thread that waits for `release`, as a native library's does, into `threads`."""
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    threads.append(thread)
+
+
+def fake_jax(threads: dict[str, list[threading.Thread]], release: threading.Event):
+    """A stand-in for `jax` where each call starts a thread: jax.distributed.initialize (the
+    coordination service's), the Gloo collectives' factory in JAX's private native module and
+    the CPU client's factory (its compute pools)."""
+
+    def starting(name):
+        threads[name] = []
+        return lambda *args, **kwargs: started_thread(threads[name], release)
+
+    native = types.SimpleNamespace(
+        make_gloo_tcp_collectives=starting("gloo"), make_cpu_client=starting("client")
+    )
+    return types.SimpleNamespace(
+        distributed=types.SimpleNamespace(initialize=starting("initialize")),
+        _src=types.SimpleNamespace(lib=types.SimpleNamespace(_jax=native)),
+    )
+
+
+def test_jax_runtime_threads_are_left_out_of_the_pulse_and_its_compute_threads_are_not(
+    monkeypatch,
+):
+    """The threads that jax.distributed.initialize and the Gloo collectives start are left out
+    (they wake every few milliseconds whatever the process does); those the CPU client starts
+    (XLA computes on them) still count. Installing twice wraps once."""
+    monkeypatch.setattr(Pulse, "excluded", set())
+    threads, release = {}, threading.Event()
+    jax = fake_jax(threads, release)
+    exclude_jax_threads(jax)
+    initialize, gloo = jax.distributed.initialize, jax._src.lib._jax.make_gloo_tcp_collectives
+    exclude_jax_threads(jax)
+    assert jax.distributed.initialize is initialize
+    assert jax._src.lib._jax.make_gloo_tcp_collectives is gloo
+    try:
+        jax.distributed.initialize("localhost:1234", 2, 0)
+        jax._src.lib._jax.make_gloo_tcp_collectives(distributed_client=None)
+        jax._src.lib._jax.make_cpu_client()
+        ids = {name: {thread.native_id for thread in started} for name, started in threads.items()}
+        assert Pulse.excluded == ids["initialize"] | ids["gloo"]
+        counted = set(Pulse.demand())
+        assert ids["client"] <= counted and not counted & Pulse.excluded
+    finally:
+        release.set()
+
+
+def test_a_jax_without_the_gloo_factory_still_leaves_out_the_coordination_threads(monkeypatch):
+    monkeypatch.setattr(Pulse, "excluded", set())
+    threads, release = {}, threading.Event()
+    jax = fake_jax(threads, release)
+    del jax._src
+    exclude_jax_threads(jax)
+    try:
+        jax.distributed.initialize()
+        assert Pulse.excluded == {thread.native_id for thread in threads["initialize"]}
+    finally:
+        release.set()
