@@ -12,6 +12,13 @@ with S3 in the background, so a spot reclaim can leave a partial copy (a state f
 its variables, a truncated variables file). `resume` therefore tries the newest folder first
 and falls back, one by one, to older ones, logging which it skipped and why. Names carry no
 host, because only rank 0 writes (SageMaker merges every host's checkpoints in S3).
+
+A model split across processes (Keras 3 on JAX with a model axis across hosts) is the
+exception: no process can read it whole, so every process writes its own shards into its own
+host's copy of the folder (train.sharded_checkpoint, `ShardedCheckpoints`) and the leader's
+state, written once all confirmed, makes it count. Which of the two a model gets is decided
+once, here (`checkpoints_for`), for the built-in trainer and for scripts' train.resumable.
+Either reads the other's folders: a job resumed with another mesh or instance count goes on.
 """
 
 from __future__ import annotations
@@ -19,13 +26,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from job.checkpoint_folders import PREFIX, STATE, complete, is_checkpoint_name, newest_usable, order
+from train.sharded_checkpoint import is_sharded, read_whole, variable_specs
+
+if TYPE_CHECKING:  # train.sync starts MPI when imported: not for the unit tests of this module
+    from train.sync import OverMpi, Sync
 
 
 class CheckpointStore:
@@ -89,24 +102,30 @@ class CheckpointStore:
 
 class ArrayCheckpoint:
     """tf.train.Checkpoint's write and read for Keras 3 on JAX, whose variables TensorFlow's
-    checkpoint cannot hold: the whole of every variable (train.sync.gathered_value: with a
-    model split across processes gathered, so every process writes, Sync.saves_on_every_rank),
+    checkpoint cannot hold: the whole of every variable (train.sync.local_value: the leader's
+    own copy, no collective; a model split across processes is checkpointed sharded instead),
     in their fixed order, in one .npz. `read` checks the count and shapes and keeps the
     values in `loaded` without assigning them: JAX assigns a variable that spans processes
     only in step with every process (it checks that they all assign the same value), and rank
-    0 reads alone; every rank assigns them when rank 0 broadcasts them (train.sync)."""
+    0 reads alone; every rank assigns them when rank 0 broadcasts them (train.sync). It also
+    reads a sharded checkpoint whole, for a job resumed with a model no longer split across
+    processes (another mesh or instance count)."""
 
     def __init__(self, variables: list):
         self.variables = variables
         self.loaded: list[np.ndarray] | None = None
 
     def write(self, prefix: str) -> None:
-        from train.sync import gathered_value
+        from train.sync import local_value
 
         Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-        np.savez(f"{prefix}.npz", *[gathered_value(v) for v in self.variables])
+        np.savez(f"{prefix}.npz", *[local_value(v) for v in self.variables])
 
     def read(self, prefix: str) -> ArrayCheckpoint:
+        folder = Path(prefix).parent
+        if is_sharded(folder):
+            self.loaded = read_whole(folder, variable_specs(self.variables))
+            return self
         with np.load(f"{prefix}.npz") as arrays:
             values = [arrays[f"arr_{index}"] for index in range(len(arrays.files))]
         shapes = [tuple(v.shape) for v in self.variables]
@@ -133,3 +152,160 @@ def variables_checkpoint(model, optimizer, arrays: bool) -> tf.train.Checkpoint 
     if arrays:
         return ArrayCheckpoint(model.variables + optimizer.variables)
     return tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+
+def split_across_processes(variables: Sequence) -> bool:
+    """Whether some variable spans other processes' devices, so that no process can read the
+    model alone and its checkpoints must be sharded (the same answer on every process, from
+    the shardings they share; False for anything but Keras 3 on JAX)."""
+    from train.jax_arrays import spans_processes
+
+    return any(spans_processes(getattr(v, "value", None)) for v in variables)
+
+
+Found = tuple[Path, dict[str, Any]]  # a checkpoint folder and its state
+
+
+class LeaderCheckpoints:
+    """The leader's whole checkpoint (tf.train.Checkpoint, or ArrayCheckpoint on JAX) in the
+    store; every rank calls `save` and `resume` (a stack whose variables every rank must read
+    together, Sync.saves_on_every_rank, has the others write a copy that is thrown away)."""
+
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint | ArrayCheckpoint,
+        store: CheckpointStore,
+        sync: Sync,
+        variables: list,
+    ):
+        self.checkpoint, self.store, self.sync, self.variables = checkpoint, store, sync, variables
+
+    def save(self, epochs_done: int, **state: Any) -> Path | None:
+        """The checkpoint of `epochs_done` epochs and `state`; its folder on the leader."""
+        if self.sync.rank == 0:
+            return self.store.save(self.checkpoint, epochs_done, **state)
+        if self.sync.saves_on_every_rank:
+            scratch_write(self.checkpoint)
+        return None
+
+    def resume(self, log: Callable[[str], None]) -> Found | None:
+        """The leader restores the newest checkpoint that reads back; every rank gets its
+        (folder, state), or None, and starts from the leader's variables."""
+        found = None
+        if self.sync.rank == 0:
+            self.store.clean_torn()
+            found = self.store.resume(self.checkpoint, log)
+        found = self.sync.broadcast_object(found, name="resumed")
+        self.sync.broadcast_variables(self.variables, loaded_values(self.checkpoint))
+        return found
+
+
+def scratch_write(checkpoint: tf.train.Checkpoint | ArrayCheckpoint) -> None:
+    """A worker's part in a save every rank must join, written and thrown away."""
+    folder = Path(tempfile.mkdtemp(prefix="checkpoint-"))
+    try:
+        checkpoint.write(str(folder / "ckpt"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class ShardedCheckpoints:
+    """Checkpoints of a model split across processes (train.sharded_checkpoint) in the store's
+    folder of every host; every process calls `save` and `resume` with the same variables.
+
+    A save: the leader names the folder (`epoch-NNNNNN[.K]`) and sends the name; every
+    process writes its own shards into its own host's copy of it; every process reports
+    whether it wrote them, and only when all did does the leader write `state.json` (aside
+    and renamed), so a folder counts only once every process confirmed; a failed write names
+    its rank. The leader then prunes all but the `keep` newest, and every host removes its
+    own copies of those folders.
+
+    A resume: first every host gets the shard files of the leader's complete folders that
+    only other hosts hold (after a restart inside the job; after a new start S3 restored them
+    all everywhere); then the leader picks the newest folder whose shards are all there, or a
+    whole checkpoint of a job not split across processes, logging each one it skips; every
+    process reads its own pieces of it in its current sharding (another mesh or process count
+    reshards), or assigns the leader's whole values."""
+
+    def __init__(self, store: CheckpointStore, mpi: OverMpi, variables: list):
+        self.store, self.mpi, self.variables = store, mpi, variables
+
+    def save(self, epochs_done: int, **state: Any) -> Path | None:
+        """The checkpoint of `epochs_done` epochs and `state`; its folder on the leader."""
+        from train.sharded_checkpoint import save_variables
+
+        leader = self.mpi.rank == 0
+        folder = self.mpi.broadcast_object(
+            self.store.next_folder(epochs_done) if leader else None, name="checkpoint folder"
+        )
+        try:
+            save_variables(folder, self.variables)
+            problem = None
+        except Exception as error:  # every process must reach the agreement below
+            problem = f"{type(error).__name__}: {error}"
+        problems = self.mpi.allgather_object(problem, name="checkpoint written")
+        failed = [(rank, problem) for rank, problem in enumerate(problems) if problem]
+        if failed:
+            rank, problem = failed[0]
+            raise RuntimeError(
+                f"checkpoint {folder} not saved: rank {rank} could not write its shards "
+                f"({problem}); the job resumes from the checkpoint before it"
+            )
+        pruned = None
+        if leader:
+            self.store.confirm(folder, epochs_done, **state)
+            pruned = self.store.prune()
+        for name in self.mpi.broadcast_object(pruned, name="checkpoints pruned"):
+            shutil.rmtree(self.store.directory / name, ignore_errors=True)
+        return folder if leader else None
+
+    def resume(self, log: Callable[[str], None]) -> Found | None:
+        """The newest usable checkpoint's (folder, state) on every process, its values in
+        every process's variables; None (nothing assigned) when there is none.
+        IncompleteCheckpoint (exit code 2) where a process cannot read its pieces."""
+        from train.sharded_checkpoint import read_manifest, restore_variables, share_files
+
+        leader, directory = self.mpi.rank == 0, self.store.directory
+        if leader:
+            self.store.clean_torn()
+        names = self.mpi.broadcast_object(
+            [folder.name for folder in complete(directory)] if leader else None,
+            name="checkpoints",
+        )
+        for name in names:
+            received = share_files(directory / name, self.mpi.comm)
+            if received and leader:  # the others' copies as the leader's: one line
+                log(
+                    f"copied {len(received)} shard file(s) of {name} that only other hosts "
+                    "held (a restart before SageMaker's S3 sync merged the hosts' folders)"
+                )
+        whole = ArrayCheckpoint(self.variables)  # a checkpoint of a job not split across hosts
+
+        def readable(folder: Path) -> None:
+            if is_sharded(folder):
+                read_manifest(folder).close()
+            else:
+                CheckpointStore.restore(whole, folder)
+
+        found = newest_usable(directory, readable, log) if leader else None
+        found = self.mpi.broadcast_object(found, name="resumed")
+        if found is not None:
+            if is_sharded(found[0]):
+                restore_variables(found[0], self.variables)
+            else:
+                self.mpi.broadcast_variables(self.variables, whole.loaded)
+        return found
+
+
+def checkpoints_for(
+    model: Any, optimizer: Any, store: CheckpointStore, sync: Any, arrays: bool
+) -> LeaderCheckpoints | ShardedCheckpoints:
+    """The built-in trainer's checkpoints of `model` and its built `optimizer`: sharded when
+    the model is split across processes (on Keras 3 / JAX, whose Sync is over MPI), else the
+    leader's whole one (`arrays` on Keras 3 / JAX)."""
+    variables = list(model.variables) + list(optimizer.variables)
+    if split_across_processes(variables):
+        return ShardedCheckpoints(store, sync, variables)  # KerasOnJax: a Sync over MPI
+    return LeaderCheckpoints(
+        variables_checkpoint(model, optimizer, arrays=arrays), store, sync, variables
+    )

@@ -25,14 +25,17 @@ where each rank assigns them (Keras 3 on JAX assigns a variable that spans proce
 every process at once).
 
 A model split across hosts (Keras 3 on JAX, a variable some of whose pieces only another
-process holds: no process can read it alone) is checkpointed sharded instead
-(train.sharded_checkpoint, docs/sharded-checkpoints.md): the leader names the folder, every
-process writes its own shards into its own host's copy of it, and once every process says it
-wrote them the leader writes `state.json`, so a checkpoint counts only when all confirmed. At
-the start the leader picks the newest folder whose shards are all there (S3 restores every
-host's files into every host) and every process reads its own pieces; one that cannot be read
-whole there is an IncompleteCheckpoint (exit code 2, naming what is missing). Each host prunes
-its own copies of the folders the leader prunes. Every other model is checkpointed as above.
+process holds: no process can read it alone) is checkpointed sharded instead, as the built-in
+trainer's is (train.checkpoints.ShardedCheckpoints, docs/sharded-checkpoints.md): the leader
+names the folder, every process writes its own shards into its own host's copy of it, and
+once every process says it wrote them the leader writes `state.json`, so a checkpoint counts
+only when all confirmed. At the start the hosts first send each other the shard files they
+lack (a restart inside the job; after a new start S3 restored them all), the leader picks the
+newest folder whose shards are all there and every process reads its own pieces; one that
+cannot be read whole there is an IncompleteCheckpoint (exit code 2, naming what is missing).
+Each host prunes its own copies of the folders the leader prunes. Every other model is
+checkpointed as above. Each reads the other's checkpoints: a script run again with another
+mesh or instance count resumes.
 
 When: after every `every_epochs` epochs, every `every_minutes` of training (so long epochs
 lose at most that much), and when the job is asked to stop (SIGTERM on SageMaker): then every
@@ -47,17 +50,21 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from job.checkpoint_folders import newest_usable
 from job.paths import MlPaths
 from job.protocol import stopped_line
 from train.agreement import STOP, Cadence, agree_after_step
-from train.checkpoints import ArrayCheckpoint, CheckpointStore
+from train.checkpoints import (
+    ArrayCheckpoint,
+    CheckpointStore,
+    Found,
+    ShardedCheckpoints,
+    split_across_processes,
+)
 from train.jax_state import attach_state
 from train.rank import StopRequest, emit
 from train.sync import OverMpi, local_value
@@ -122,18 +129,20 @@ class Checkpoints:
         """Whether some variable spans other processes' devices (the same answer on every
         process, from the shardings they share): then checkpoints are sharded."""
         if self._split is None:
-            from train.jax_arrays import spans_processes
-
-            arrays = [getattr(v, "value", None) for v in self.variables()]
-            self._split = any(spans_processes(a) for a in arrays)
+            self._split = split_across_processes(self.variables())
         return self._split
+
+    def sharded(self) -> ShardedCheckpoints:
+        return ShardedCheckpoints(self.store, self.mpi, self.variables())
 
     def restore(self) -> Start:
         """Every rank calls it, before training: the newest checkpoint's values in every rank's
         variables, and where it was taken; a fresh Start when there is none."""
         StopRequest.arm()  # from here a stop is honoured after a step, with a checkpoint
         if self.split_across_hosts():
-            return self._restore_sharded()
+            start = self._start(self.sharded().resume(lambda line: emit(f"checkpoints: {line}")))
+            self.epoch = start.epoch
+            return start
         checkpoint = ArrayCheckpoint(self.variables())
         start = Start()
         if self.mpi.rank == 0:
@@ -153,78 +162,27 @@ class Checkpoints:
         callback saw), `step` optimizer steps (by default the optimizer's count) and `extra`
         (JSON values) for Start.extra. Other ranks write nothing."""
         self.cadence.saved()
-        if self.split_across_hosts():
-            return self._save_sharded(epoch, step, extra)
-        if self.mpi.rank != 0:
-            return None
-        epoch = self.epoch if epoch is None else epoch
-        step = int(local_value(self.optimizer.iterations)) if step is None else step
-        return self.store.save(ArrayCheckpoint(self.variables()), epoch, step=step, extra=extra)
-
-    def _start(self, found: tuple[Path, dict] | None) -> Start:
-        """Where the leader's pick resumes, logged; every rank gets it."""
-        start = Start()
-        if found:
-            folder, state = found
-            start = Start(
-                state["epochs_done"], int(state.get("step", 0)), state.get("extra", {}), folder
-            )
-            emit(f"checkpoints: resumed from {folder} (epoch {start.epoch}, step {start.step})")
-        return start
-
-    def _restore_sharded(self) -> Start:
-        """The leader picks the newest folder whose shards are all there; every process
-        reads its own pieces of it (IncompleteCheckpoint where it cannot: exit code 2)."""
-        from train.sharded_checkpoint import read_manifest, restore_variables
-
-        start = Start()
-        if self.mpi.rank == 0:
-            self.store.clean_torn()
-            found = newest_usable(
-                self.store.directory,
-                lambda folder: read_manifest(folder).close(),
-                lambda line: emit(f"checkpoints: {line}"),
-            )
-            start = self._start(found)
-        start = self.mpi.broadcast_object(start, name="start")
-        if start.folder is not None:
-            restore_variables(start.folder, self.variables())
-        self.epoch = start.epoch
-        return start
-
-    def _save_sharded(self, epoch: int | None, step: int | None, extra: dict) -> Path | None:
-        """Every process: the leader names the folder, each writes its shards into its own
-        host's copy, and once all say they did, the leader writes the state; each host then
-        removes its copies of the folders the leader prunes. The folder on the leader."""
-        from train.sharded_checkpoint import save_variables
-
-        leader = self.mpi.rank == 0
         epoch = self.epoch if epoch is None else epoch
         if step is None:
             step = int(local_value(self.optimizer.iterations))
-        folder = self.mpi.broadcast_object(
-            self.store.next_folder(epoch) if leader else None, name="checkpoint folder"
+        if self.split_across_hosts():
+            return self.sharded().save(epoch, step=step, extra=extra)
+        if self.mpi.rank != 0:
+            return None
+        return self.store.save(ArrayCheckpoint(self.variables()), epoch, step=step, extra=extra)
+
+    def _start(self, found: Found | None) -> Start:
+        """Where a checkpoint (folder, state) resumes, logged by the leader; a fresh Start
+        for None."""
+        if not found:
+            return Start()
+        folder, state = found
+        start = Start(
+            state["epochs_done"], int(state.get("step", 0)), state.get("extra", {}), folder
         )
-        try:
-            save_variables(folder, self.variables())
-            problem = None
-        except Exception as error:  # every process must reach the agreement below
-            problem = f"{type(error).__name__}: {error}"
-        problems = self.mpi.allgather_object(problem, name="checkpoint written")
-        failed = [(rank, problem) for rank, problem in enumerate(problems) if problem]
-        if failed:
-            rank, problem = failed[0]
-            raise RuntimeError(
-                f"checkpoint {folder} not saved: rank {rank} could not write its shards "
-                f"({problem}); the job resumes from the checkpoint before it"
-            )
-        pruned = None
-        if leader:
-            self.store.confirm(folder, epoch, step=step, extra=extra)
-            pruned = self.store.prune()
-        for name in self.mpi.broadcast_object(pruned, name="checkpoints pruned"):
-            shutil.rmtree(self.store.directory / name, ignore_errors=True)
-        return folder if leader else None
+        if self.mpi.rank == 0:
+            emit(f"checkpoints: resumed from {folder} (epoch {start.epoch}, step {start.step})")
+        return start
 
     def after_step(
         self, *, epoch: int | None = None, step: int | None = None, **extra: Any

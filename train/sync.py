@@ -24,14 +24,15 @@ the tensors:
   has one; train.layouts.auto_model_parallel the rest), the batch over the data axis; the
   processes a model axis spans read the same input (`data_group`), and a read of a variable
   split over several processes' devices is a collective every process joins
-  (train.jax_arrays), so every process takes part in checkpoints and the export.
+  (train.jax_arrays), so every process takes part in the export; its checkpoints are sharded,
+  each process writing its own pieces (train.checkpoints.ShardedCheckpoints).
 Only the Horovod class imports Horovod: the TensorFlow 2.21 image has none.
 
 `Sync` is the contract, in one place: every method the trainer calls, each saying what it must
 do. A stack is a subclass that implements all of them (a type checker, and Python when the class
 is instantiated, name a missing one), so another stack is one more class and one more branch in
 `synchronise`, not conditions in the trainer; a mesh of data x model is KerasOnJax's
-`model_parallel` (its distribution, `data_group` and `saves_on_every_rank`), not a fourth copy.
+`model_parallel` (its distribution and `data_group`), not a fourth copy.
 """
 
 from __future__ import annotations
@@ -363,8 +364,6 @@ class KerasOnJax(OverMpi, Sync):
             raise ConfigError(f"{problem} (JAX found {jax.local_device_count()} per process)")
         self.layout_map_of = layout_map_of
         self.data_group = self.mesh.group
-        # A model axis across processes: a variable is read whole only by all of them.
-        self.saves_on_every_rank = self.mesh.group > 1
         keras.distribution.set_distribution(self.distribution())
         super().__init__()
 
@@ -444,7 +443,7 @@ class KerasOnJax(OverMpi, Sync):
         gathered by every process, once each host agreed that they fit its memory)."""
         import keras
 
-        if self.saves_on_every_rank:
+        if self.mesh.group > 1:  # a model axis across processes
             agree_fits(
                 "the export",
                 "the model's weights",
@@ -481,7 +480,7 @@ def local_value(variable: Variable) -> np.ndarray:
 def gathered_value(variable: Variable) -> np.ndarray:
     """A variable's whole value: `local_value`, except that a Keras 3 variable split over
     several processes' devices is gathered, a collective every process joins in the same
-    order (Sync.saves_on_every_rank is true on such a job)."""
+    order (KerasOnJax.plain: the export)."""
     array = getattr(variable, "value", None)
     if hasattr(array, "addressable_data"):  # a Keras 3 variable's JAX array
         return whole_value(array)  # gathered only where it spans processes

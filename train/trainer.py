@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +33,12 @@ from job.trainer_config import TrainerConfig
 from train import jax_arrays, layouts
 from train.agreement import Cadence
 from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
-from train.checkpoints import ArrayCheckpoint, CheckpointStore, loaded_values, variables_checkpoint
+from train.checkpoints import (
+    CheckpointStore,
+    LeaderCheckpoints,
+    ShardedCheckpoints,
+    checkpoints_for,
+)
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
@@ -377,8 +379,8 @@ class Built:
     optimizer: keras.optimizers.Optimizer
     schedule: WarmupSchedule
     rebuild: Callable[[], keras.Model]  # a new, untrained model of the same kind
-    checkpoint: tf.train.Checkpoint | ArrayCheckpoint
-    store: CheckpointStore
+    # the leader's whole checkpoint, or every process's shards of a model split across them
+    checkpoints: LeaderCheckpoints | ShardedCheckpoints
 
     def learning_rate(self) -> float:
         """This step's, read from this process's copy of the step count (no collective)."""
@@ -406,15 +408,19 @@ def build_and_compile(trainer: Trainer, data: Data) -> Built:
         stepper, optimizer = compile_for_training(trainer.sync, model, config, plan, schedule)
         optimizer.build(model.trainable_variables)
     say_layout(trainer, model)
-    return Built(
+    checkpoints = checkpoints_for(
         model,
-        stepper,
         optimizer,
-        schedule,
-        rebuild,
-        variables_checkpoint(model, optimizer, arrays=ON_JAX),
         CheckpointStore(paths.checkpoint_dir, config.keep_checkpoints),
+        trainer.sync,
+        arrays=ON_JAX,
     )
+    if isinstance(checkpoints, ShardedCheckpoints):
+        trainer.say(
+            "the model is split across processes: each process writes its own shards of each "
+            f"checkpoint into its host's {paths.checkpoint_dir} (docs/sharded-checkpoints.md)"
+        )
+    return Built(model, stepper, optimizer, schedule, rebuild, checkpoints)
 
 
 def say_layout(trainer: Trainer, model: keras.Model) -> None:
@@ -453,29 +459,20 @@ def say_layout(trainer: Trainer, model: keras.Model) -> None:
 def resume(
     trainer: Trainer, data: Data, built: Built
 ) -> tuple[JobPosition, dict[str, list[float]]]:
-    """(where the job starts, the metric curves of its earlier runs): the leader restores the
-    newest checkpoint that reads back, and every rank starts from the leader's weights and
-    optimizer state."""
-    sync, global_batch = trainer.sync, trainer.plan.global_batch
-    start, history = JobPosition(0, 0, 0), {}
-    if trainer.leader:
-        built.store.clean_torn()
-        resumed = built.store.resume(built.checkpoint, trainer.say)
-        if resumed:
-            folder, state = resumed
-            start = JobPosition.from_state(state, global_batch, data.steps_per_epoch)
-            history = state.get("history", {})
-            trainer.say(f"resumed from {folder} at {start.describe()}")
+    """(where the job starts, the metric curves of its earlier runs) from the newest
+    checkpoint that reads back, whose weights and optimizer state every rank starts from
+    (distributed: the leader's, or each process's own shards of a model split across them)."""
     # Armed before the first collective that precedes training, on every rank: from here a
     # stop waits for the step the ranks agree on. Armed any later, a stop could reach one
     # rank unarmed (it exits at once) while another waits for it in a collective.
     StopRequest.arm()
-    start = sync.broadcast_object(start, name="start")
-    # distributed: every rank starts from rank 0's weights and optimizer state.
-    sync.broadcast_variables(
-        built.model.variables + built.optimizer.variables, loaded_values(built.checkpoint)
-    )
-    return start, history
+    resumed = built.checkpoints.resume(trainer.say)
+    if not resumed:
+        return JobPosition(0, 0, 0), {}
+    folder, state = resumed
+    start = JobPosition.from_state(state, trainer.plan.global_batch, data.steps_per_epoch)
+    trainer.say(f"resumed from {folder} at {start.describe()}")
+    return start, state.get("history", {}) if trainer.leader else {}
 
 
 @dataclass(frozen=True)
@@ -500,18 +497,15 @@ class Standing:
         )
 
     def write(self, **state: Any) -> None:
-        """The checkpoint of where the job stands (batch statistics already averaged)."""
-        if self.trainer.leader:
-            now = self.position()
-            self.built.store.save(
-                self.built.checkpoint,
-                now.epochs_done,
-                **now.counts(self.trainer.plan.global_batch),
-                history=self.history,
-                **state,
-            )
-        elif self.trainer.sync.saves_on_every_rank:  # it must take part; only rank 0's is kept
-            scratch_write(self.built.checkpoint)
+        """The checkpoint of where the job stands (batch statistics already averaged); every
+        rank calls it (train.checkpoints: who writes what)."""
+        now = self.position()
+        self.built.checkpoints.save(
+            now.epochs_done,
+            **now.counts(self.trainer.plan.global_batch),
+            history=self.history,
+            **state,
+        )
 
     def save(self) -> None:
         """A checkpoint every rank joins, at an epoch's end or an optimizer step, with the
@@ -688,12 +682,3 @@ def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[f
     if trainer.tracking:
         trainer.tracking.log(tags={"model.location": exported})
     trainer.mark(Mark.MODEL_EXPORTED)
-
-
-def scratch_write(checkpoint: tf.train.Checkpoint) -> None:
-    """A worker's part in a MultiWorkerMirroredStrategy save, written and thrown away."""
-    folder = Path(tempfile.mkdtemp(prefix="checkpoint-"))
-    try:
-        checkpoint.write(str(folder / "ckpt"))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

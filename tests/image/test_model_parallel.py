@@ -3,23 +3,32 @@
 (4). The log says what the model weighs per device and how many weights were split (the
 derived layout splits the kernels: never the all-replicated warning), the batch plan counts
 replicas, the whole model is gathered for the export that `serve` answers, and the job split
-across hosts ends with the weights of a one-process job (a wrong collective would show)."""
+across hosts (with 2 accumulated micro-batches per step) ends with the weights of a
+one-process job (a wrong collective would show). Its checkpoints are sharded: each host's
+folder holds only its own process's shards (no gathered .npz), and a job stopped mid-epoch
+resumes from them, before any S3 merge (each host sends the others what they lack), with the
+weights of the job never stopped."""
 
 from __future__ import annotations
 
 import re
+import shutil
 
 import numpy as np
 import pytest
-from conftest import assert_serves_the_digits
+from conftest import assert_serves_the_digits, compose_cluster, newest_checkpoint, restart
 from test_keras_trainer import ON_JAX, final_arrays, run_job
-from test_tf_stack import tf_image  # noqa: F401
+from test_tf_stack import stop_the_leader_in_epoch_2, tf_image  # noqa: F401
 
 from scripts import local_cluster
+from train.sharded_checkpoint import read_manifest, read_whole
 
 pytestmark = pytest.mark.container
 
 SMALL = {"epochs": 3, "dropout_rate": 0, "hidden_units": "64,32", "learning_rate": 0.004}
+# 2 micro-batches of 16 per step (Keras 3's optimizer accumulating): 45 steps an epoch
+ACCUMULATE = {"global_batch_size": 32, "max_device_batch_size": 16}
+OWN = {"algo-1": "shards/process-00000-of-00002", "algo-2": "shards/process-00001-of-00002"}
 
 
 def spec_of(tmp_path, image, data, hosts: int, devices: int, **hyperparameters):
@@ -52,31 +61,109 @@ def assert_split(leader: str, model_parallel: int) -> None:
     assert "ModelParallel sharded none" not in leader and "trainer: WARNING" not in leader
 
 
-def test_a_model_split_across_two_hosts_trains_as_one_process_would_and_serves(
-    engine, tf_image, data, tmp_path
-):
-    """model_parallel=4 over 2 hosts x 2 devices: one data-parallel replica, both hosts read
-    the same batches; its final checkpoint (gathered from both) equals a one-process,
-    one-device job's with the same seed and global batch."""
-    split = spec_of(tmp_path / "split", tf_image, data, 2, 2, model_parallel=4)
-    codes, leader = run_job(engine, split, "mp4")
+def host_files(spec, host: str, name: str) -> list[str]:
+    """The files of checkpoint folder `name` on `host`'s own disk."""
+    folder = local_cluster.host_paths(spec, host).checkpoint_dir / name
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def sharded_arrays(spec) -> list[np.ndarray]:
+    """Every variable of the job's last checkpoint whole, in the order the trainer saves them
+    (the model's, then the optimizer's), from both hosts' folders merged as SageMaker's S3
+    sync merges them."""
+    name = newest_checkpoint(spec)[0].name
+    union = spec.workdir / "merged" / name
+    for host in spec.host_names:
+        folder = local_cluster.host_paths(spec, host).checkpoint_dir / name
+        shutil.copytree(folder, union, dirs_exist_ok=True)
+    manifest = read_manifest(union)
+    manifest.close()
+    return read_whole(union, list(manifest.variables.values()))
+
+
+@pytest.fixture(scope="module")
+def split(engine, tf_image, data, tmp_path_factory) -> local_cluster.ClusterSpec:
+    """model_parallel=4 over 2 hosts x 2 devices, 2 micro-batches per step: one data-parallel
+    replica, both hosts read the same batches. Never stopped."""
+    spec = spec_of(
+        tmp_path_factory.mktemp("split"), tf_image, data, 2, 2, model_parallel=4, **ACCUMULATE
+    )
+    codes, leader = run_job(engine, spec, "mp4")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
     assert (
-        "global batch 32 = 1 data-parallel replica(s) of 4 devices x 1 accumulated "
-        "micro-batch(es) x 32"
+        "global batch 32 = 1 data-parallel replica(s) of 4 devices x 2 accumulated "
+        "micro-batch(es) x 16"
     ) in leader, leader[-3000:]
     assert_split(leader, 4)
-    one = spec_of(tmp_path / "one", tf_image, data, 1, 1)
+    assert "trainer: the model is split across processes: each process writes its own" in leader
+    return spec
+
+
+def test_a_model_split_across_two_hosts_trains_as_one_process_would_and_serves(
+    engine, tf_image, data, tmp_path, split
+):
+    """Its final checkpoint, each host's shards (no host holds the whole), equals a
+    one-process, one-device job's with the same seed, global batch and accumulation."""
+    final = f"epoch-{SMALL['epochs']:06d}"
+    assert host_files(split, "algo-1", final) == [
+        f"{OWN['algo-1']}.json",
+        f"{OWN['algo-1']}.npz",
+        "state.json",
+    ]
+    assert host_files(split, "algo-2", final) == [f"{OWN['algo-2']}.json", f"{OWN['algo-2']}.npz"]
+    one = spec_of(tmp_path / "one", tf_image, data, 1, 1, **ACCUMULATE)
     codes, alone = run_job(engine, one, "mp-one")
     assert codes == {"algo-1": 0}, alone[-3000:]
-    assert "global batch 32 = 1 device(s)" in alone
-    got, want = final_arrays(split, SMALL["epochs"]), final_arrays(one, SMALL["epochs"])
-    assert len(got) == len(want) == 19  # 6 weights, the step count, Adam's 2 x 6 moments
+    assert "global batch 32 = 1 device(s) x 2 accumulated micro-batch(es) x 16" in alone
+    assert "the model is split across processes" not in alone
+    got, want = sharded_arrays(split), final_arrays(one, SMALL["epochs"])
+    # 6 weights, Adam's step count and 2 x 6 moments, and what its accumulation keeps
+    assert len(got) == len(want) >= 19, (len(got), len(want))
     for index, (value, expected) in enumerate(zip(got, want)):
         np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-6, err_msg=f"array {index}")
     model = local_cluster.host_paths(split, "algo-1").model_dir
     assert sorted(p.name for p in model.iterdir()) == ["metadata.json", "model.keras"]
     assert_serves_the_digits(engine, tf_image, model, data)
+
+
+def test_a_model_split_across_hosts_stopped_mid_epoch_resumes_from_its_shards(
+    engine, tf_image, data, tmp_path, split
+):
+    """SIGTERM to the leader in epoch 2, with a checkpoint every 0.3 s as well (saved inside
+    `fit`): each host's newest folder holds only its own shards, the leader's the state. Run
+    again on the same hosts' folders, not merged (as a restart inside the job finds them; S3
+    would have merged them for a new job), the leader takes the other host's files from it,
+    every process reads its own pieces, and the job ends with the weights of the job never
+    stopped."""
+    spec = spec_of(
+        tmp_path,
+        tf_image,
+        data,
+        2,
+        2,
+        model_parallel=4,
+        **ACCUMULATE,
+        checkpoint_every_minutes=0.005,
+    )
+    with compose_cluster(engine, spec, "mpresume") as cluster:
+        stop_the_leader_in_epoch_2(engine, cluster)
+        newest, state = newest_checkpoint(spec)
+        assert state.get("interrupted") is True and state["epoch_samples"] % 32 == 0, state
+        for host in ("algo-1", "algo-2"):
+            own = [f"{OWN[host]}.json", f"{OWN[host]}.npz"]
+            expected = own + ["state.json"] if host == "algo-1" else own
+            assert host_files(spec, host, newest.name) == expected, host
+        restart(cluster, spec)
+        codes = cluster.wait_all_exited(600)
+        resumed = cluster.logs("algo-1")
+    assert codes == {"algo-1": 0, "algo-2": 0}, resumed[-3000:]
+    assert f"trainer: resumed from /opt/ml/checkpoints/{newest.name} at" in resumed, resumed[-3000:]
+    assert f"copied 2 shard file(s) of {newest.name} that only other hosts held" in resumed
+    assert newest_checkpoint(spec)[1]["epochs_done"] == SMALL["epochs"]
+    got, want = sharded_arrays(spec), sharded_arrays(split)
+    assert len(got) == len(want)
+    for index, (value, expected) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
 
 
 def test_a_model_axis_inside_each_host_makes_two_replicas(engine, tf_image, data, tmp_path):
