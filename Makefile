@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup train train-images test test-unit lint
+.PHONY: setup train train-images test test-slow test-unit lint
 
 # --- training runtime -----------------------------------------------------------------
 $(SETUP_STAMP): requirements.txt constraints.txt scripts/setup.sh pyproject.toml
@@ -20,9 +20,15 @@ train: setup
 train-images: setup
 	$(PY) scripts/default_job.py --data images --model mobilenet_v2 --epochs 3
 
-## The whole test suite (what CI runs), in timed phases: set-up, lint, image build, unit, container.
+## The test suite in timed phases: set-up, lint, image build, unit, container. Every test but the
+## long scenarios marked `slow`, under 20 minutes on a fresh 2-core machine.
 test:
-	bash scripts/test_phases.sh
+	bash scripts/test_phases.sh fast
+
+## The long scenarios (marked `slow`: minute-scale deadlines waited out, a matrix's further rows,
+## paths a faster test also drives), same phases. CI (.ci/run) runs `make test`, then this.
+test-slow:
+	bash scripts/test_phases.sh slow
 
 ## Lint and types (the first phase of `make test`): ruff's rules and formatting (pyproject.toml),
 ## then mypy, strict on job/, container/, sagemaker_ops/, serve/ and bench/ ([tool.mypy] files).

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite from a fresh clone, in phases, each timed, with the times printed
-# at the end (also when a phase fails):
+# `make test` (TIER fast, the default) and `make test-slow` (TIER slow): the suite from a fresh
+# clone, in phases, each timed, with the times printed at the end (also when a phase fails).
+#   scripts/test_phases.sh [fast|slow]
+# The fast tier is every test not marked `slow`, under 20 minutes on a fresh 2-core machine; the
+# slow tier is the long scenarios (pyproject.toml's markers say which), for CI (.ci/run runs both)
+# and before a release. Set-up and image builds are done once: the second tier finds them done.
 #   set-up           scripts/container_setup.sh, scripts/setup.sh (venv, Horovod wheel), the
 #                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3, the
 #                    MLflow server and the GPU machine's stand-in test venvs)
@@ -15,13 +19,20 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+name=${1:-fast}
+case "$name" in
+  fast) tier="not slow" ;;
+  slow) tier="slow" ;;
+  *) echo "test_phases: give the tier, fast or slow (not '$name')" >&2; exit 2 ;;
+esac
+
 PY=.venv/bin/python
 phases=()
 started=$SECONDS
 
 report() {
   echo
-  echo "make test: time per phase"
+  echo "make test ($name tier): time per phase"
   local line
   for line in "${phases[@]}"; do echo "  $line"; done
   echo "  total            $((SECONDS - started)) s"
@@ -58,7 +69,7 @@ tf_build=$!
 # The files with long jobs go first, by their last run's seconds (tests/file_order.py).
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
-  -m "not container" ${PYTEST_ARGS:-}
+  -m "not container and $tier" ${PYTEST_ARGS:-}
 wait_tf_build() {
   wait "$tf_build" && return 0
   tail -n 40 build/tf-image.log
@@ -67,5 +78,5 @@ wait_tf_build() {
 phase "tf image wait" wait_tf_build
 # shellcheck disable=SC2086
 phase "container tests" env TEST_IMAGE_BUILT=1 \
-  $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m container tests/image \
+  $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "container and $tier" tests/image \
   ${PYTEST_ARGS:-}

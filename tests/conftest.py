@@ -33,7 +33,7 @@ def pytest_deselected(items):
     """A file run in part by -k would record less than its whole time. (-m is how `make test`
     splits its sessions: a file's tests of each kind always run in the same one.)"""
     if items and items[0].config.option.keyword:
-        FILE_TIMER.partial.update(file_order.file_of(item.nodeid) for item in items)
+        FILE_TIMER.partial.update(file_order.file_of(item.nodeid, item.keywords) for item in items)
 
 
 def pytest_sessionfinish(session):

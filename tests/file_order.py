@@ -23,8 +23,9 @@ RECORD = ROOT / "build" / "test-durations.json"
 DEFAULT = ROOT / "tests" / "durations.json"
 
 
-def file_of(nodeid: str) -> str:
-    return nodeid.split("::")[0]
+def file_of(nodeid: str, keywords=()) -> str:
+    """The record's key of a test: its file, `FILE [slow]` for its tests marked slow."""
+    return nodeid.split("::")[0] + (" [slow]" if "slow" in keywords else "")
 
 
 def known_durations(sources: tuple[Path, ...] = (DEFAULT, RECORD)) -> dict[str, float]:
@@ -43,9 +44,12 @@ def longest_first(items: list, sources: tuple[Path, ...] = (DEFAULT, RECORD)) ->
     seconds = known_durations(sources)
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
-        first_seen.setdefault(file_of(item.nodeid), index)
+        first_seen.setdefault(file_of(item.nodeid, item.keywords), index)
     items.sort(
-        key=lambda item: (-seconds.get(file_of(item.nodeid), 0.0), first_seen[file_of(item.nodeid)])
+        key=lambda item: (
+            -seconds.get(file_of(item.nodeid, item.keywords), 0.0),
+            first_seen[file_of(item.nodeid, item.keywords)],
+        )
     )
 
 
@@ -59,7 +63,7 @@ class Timer:
         self.partial: set[str] = set()
 
     def add(self, report) -> None:
-        self.seconds[file_of(report.nodeid)] += report.duration
+        self.seconds[file_of(report.nodeid, report.keywords)] += report.duration
 
     def save(self) -> None:
         """Merge this session's files into the record: the files it did not run keep theirs."""

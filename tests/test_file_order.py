@@ -7,8 +7,11 @@ from types import SimpleNamespace
 from tests.file_order import Timer, longest_first
 
 
-def items(*nodeids):
-    return [SimpleNamespace(nodeid=nodeid) for nodeid in nodeids]
+def items(*nodeids, slow=()):
+    return [
+        SimpleNamespace(nodeid=nodeid, keywords={"slow": 1} if nodeid in slow else {})
+        for nodeid in nodeids
+    ]
 
 
 def test_longest_files_first_each_whole_and_unknown_ones_last_as_collected(tmp_path):
@@ -41,13 +44,29 @@ def test_a_session_records_its_whole_files_and_keeps_the_others(tmp_path):
         ("a.py::t2", 3.0),
         ("b.py::t", 7.0),
     ):
-        first.add(SimpleNamespace(nodeid=nodeid, duration=seconds))
+        first.add(SimpleNamespace(nodeid=nodeid, duration=seconds, keywords={}))
     first.save()
     assert json.loads(record.read_text()) == {"a.py": 4.8, "b.py": 7.0}
     second = Timer(record)
-    second.add(SimpleNamespace(nodeid="a.py::t1", duration=2.0))
-    second.add(SimpleNamespace(nodeid="c.py::t", duration=1.0))
+    second.add(SimpleNamespace(nodeid="a.py::t1", duration=2.0, keywords={}))
+    second.add(SimpleNamespace(nodeid="c.py::t", duration=1.0, keywords={}))
     second.partial.add("c.py")  # run in part (-k): not its time
     second.save()
     assert json.loads(record.read_text()) == {"a.py": 2.0, "b.py": 7.0}
     assert [path.name for path in record.parent.iterdir()] == ["record.json"]
+
+
+def test_a_files_slow_tests_are_timed_and_ordered_as_a_file_of_their_own(tmp_path):
+    """`make test` and `make test-slow` run different tests of one file: each tier's order
+    follows what that tier took, and neither session's record overwrites the other's."""
+    record = tmp_path / "record.json"
+    fast, slow = Timer(record), Timer(record)
+    fast.add(SimpleNamespace(nodeid="a.py::quick", duration=2.0, keywords={}))
+    slow.add(SimpleNamespace(nodeid="a.py::long", duration=90.0, keywords={"slow": 1}))
+    slow.add(SimpleNamespace(nodeid="b.py::long", duration=30.0, keywords={"slow": 1}))
+    fast.save()
+    slow.save()
+    assert json.loads(record.read_text()) == {"a.py [slow]": 90.0, "b.py [slow]": 30.0, "a.py": 2.0}
+    collected = items("b.py::long", "a.py::long", slow=("b.py::long", "a.py::long"))
+    longest_first(collected, (record,))
+    assert [item.nodeid for item in collected] == ["a.py::long", "b.py::long"]

@@ -50,6 +50,7 @@ def machine_like_the_lent_one():
     assert bare.stdout.strip() == "[]", bare.stdout
 
 
+@pytest.mark.slow
 def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp_path):
     done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

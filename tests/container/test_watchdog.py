@@ -381,6 +381,7 @@ def all_at_once(cases) -> None:
     )
 
 
+@pytest.mark.slow
 def test_hung_jobs_end_named_and_working_ones_survive(job, cluster):
     """Seven jobs at once, each asserted on its own (a failure names its case): see each
     case's docstring."""
@@ -530,6 +531,7 @@ def test_hung_jobs_end_named_and_working_ones_survive(job, cluster):
     )
 
 
+@pytest.mark.slow
 def test_an_unmodified_script_completes_under_the_shortest_allowances(make_script_job):
     """The rank that prints nothing (verbose=0) is heard through its pulse; a silence longer
     than progress_timeout is the leader-alone test's."""

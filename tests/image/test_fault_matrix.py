@@ -82,7 +82,7 @@ def finish(engine, cluster, fault_at: float | None, fault: str) -> dict[str, int
 
 @pytest.mark.parametrize(
     "first, late",
-    [("algo-1", "algo-2"), ("algo-2", "algo-1")],
+    [("algo-1", "algo-2"), pytest.param("algo-2", "algo-1", marks=pytest.mark.slow)],
     ids=["worker 2x heartbeat late", "leader last"],
 )
 def test_staggered_start(engine, image, data, tmp_path, first, late):
@@ -174,6 +174,7 @@ def test_a_worker_killed_during_training(engine, image, data, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_leader_killed_during_training(engine, image, data, tmp_path):
     spec, codes, output = kill_during_training(
         engine, image, data, tmp_path, "algo-1", "KILL", "algo-1 killed (SIGKILL) during training"
@@ -235,7 +236,13 @@ MPI.COMM_WORLD.barrier()
 """
 
 
-@pytest.mark.parametrize("error", ["ValueError in a user's script", "DataError in the trainer"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        "ValueError in a user's script",
+        pytest.param("DataError in the trainer", marks=pytest.mark.slow),
+    ],
+)
 def test_a_rank_that_raises(engine, image, data, tmp_path, error):
     if error.startswith("ValueError"):
         code = tmp_path / "code"

@@ -123,6 +123,7 @@ def permuted_copy(source: Path, target: Path) -> None:
             shutil.copy(donors[position % len(donors)], target / name / file.name)
 
 
+@pytest.mark.slow
 def test_the_built_in_trainer_learns_from_the_data_containers_pictures_alone(
     engine, image, tmp_path
 ):

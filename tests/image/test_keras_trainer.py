@@ -98,6 +98,7 @@ def test_the_builtin_trainer_on_jax_stopped_mid_epoch_ends_as_a_job_never_stoppe
         np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
 
 
+@pytest.mark.slow
 def test_the_builtin_trainer_on_jax_restarts_a_killed_process_and_ends_as_never_killed(
     engine, tf_image, data, tmp_path, reference
 ):

@@ -176,7 +176,7 @@ def test_two_host_job(two_host_job):
         )
 
 
-@pytest.mark.parametrize("leader", ["silent", "absent"])
+@pytest.mark.parametrize("leader", ["silent", pytest.param("absent", marks=pytest.mark.slow)])
 def test_worker_without_leader_fails_naming_it(engine, image, digits, tmp_path, leader):
     """silent: algo-1 resolves but never runs the launcher; absent: algo-1 never exists."""
     spec = job_spec(tmp_path, image, digits, hosts=2, leader_timeout=15, host_timeout=15)

@@ -190,7 +190,7 @@ def printed_answer(output: str, sdk: int) -> dict:
     return ast.literal_eval(found.group(1)) if found else {}
 
 
-@pytest.mark.parametrize("sdk", [3, 2])
+@pytest.mark.parametrize("sdk", [3, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_readme_trains_on_two_containers_then_answers_from_an_endpoint(
     local_mode, image, digits, sdk
 ):
@@ -240,7 +240,10 @@ WAYS = {
 }
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize(
+    "way",
+    [way if way == "entry_script" else pytest.param(way, marks=pytest.mark.slow) for way in WAYS],
+)
 def test_source_code_runs_one_job_over_both_containers(local_mode, image, digits, source, way):
     mpi, command, train_is_pid1 = WAYS[way]
     output, root, codes = local_mode(
@@ -276,6 +279,7 @@ def test_source_code_runs_one_job_over_both_containers(local_mode, image, digits
     assert {r["pid1"].endswith("/bin/train ") for r in reports} == {train_is_pid1}, reports
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_the_jobs_failure(local_mode, image, digits, source):
     output, root, codes = local_mode(
         {

@@ -203,7 +203,13 @@ def test_a_worker_that_raises_fails_the_job_naming_it(engine, tf_image, data, tm
     "victim, codes, survivor, cause",
     [
         ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
-        ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: "),
+        pytest.param(
+            "algo-1",
+            {"algo-1": 137, "algo-2": 3},
+            "algo-2",
+            "lost contact with the leader algo-1: ",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_killed_host_fails_the_job_naming_it(
@@ -215,6 +221,7 @@ def test_a_killed_host_fails_the_job_naming_it(
     assert failure(spec, survivor).startswith(cause), failure(spec, survivor)
 
 
+@pytest.mark.slow
 def test_a_frozen_worker_fails_the_job_naming_its_host(engine, tf_image, data, tmp_path, code):
     """TensorFlow's coordination service stops the job when a worker stops sending heartbeats
     (an unmodified script sets no collective timeout); the failure file names that worker's

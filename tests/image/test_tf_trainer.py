@@ -59,6 +59,7 @@ def test_the_builtin_trainer_trains_on_two_hosts_survives_a_killed_worker_and_se
     assert_serves_the_digits(engine, tf_image, model, data)
 
 
+@pytest.mark.slow
 def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_torn_one(
     engine, tf_image, data, tmp_path
 ):
@@ -104,6 +105,7 @@ def test_the_builtin_trainer_stopped_mid_epoch_resumes_at_its_step_then_skips_a_
     assert f"METRICS epoch={epochs + 1} " in leader
 
 
+@pytest.mark.slow
 def test_the_stacks_benchmark_runs_both_images(image, tf_image, tmp_path):
     """`make bench` item 9 at its tiny size: the same job on the three stacks, numbers well formed
     (never compared with the target here: this machine is shared)."""

@@ -5,6 +5,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 
 from scripts.digits_files import png_images, split
 from tests.conftest import failure_of, run_train
@@ -24,6 +25,7 @@ def test_two_ranks_read_their_own_tfrecord_shards_and_learn(make_job):
     assert metadata["final_metrics"]["val_accuracy"] > 0.9
 
 
+@pytest.mark.slow
 def test_an_image_model_trained_on_an_image_folder_is_served_on_npy_and_json(make_job, tmp_path):
     # One rank, 16 images a class: mobilenet_v2 is costly to build, trace and export (two
     # ranks reading an image folder: the undecodable-image test below)

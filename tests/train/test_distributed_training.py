@@ -4,6 +4,8 @@ import json
 import subprocess
 import time
 
+import pytest
+
 from tests.conftest import ROOT, TRAIN, failure_of, kill_host, newest_state, run_train
 
 
@@ -52,6 +54,7 @@ def test_default_job_trains_to_useful_accuracy_and_exports(make_job):
     assert not (root / "output" / "failure").exists()
 
 
+@pytest.mark.slow
 def test_cnn_with_fixed_global_batch_and_accumulation(make_job):
     root = make_job(
         {
@@ -72,6 +75,7 @@ def test_cnn_with_fixed_global_batch_and_accumulation(make_job):
     assert json.loads((root / "model" / "metadata.json").read_text())["model"] == "cnn"
 
 
+@pytest.mark.slow
 def test_killed_job_resumes_from_its_checkpoint(make_job):
     root = make_job({"epochs": 400, "processes_per_host": 2})
     job = subprocess.Popen(
@@ -309,6 +313,7 @@ def test_a_data_folder_named_like_our_package_does_not_hide_the_helper(make_scri
     assert (root / "output" / "data" / "size").read_text() == "1"
 
 
+@pytest.mark.slow
 def test_example_user_script_trains(make_script_job):
     example = ROOT / "train" / "examples" / "keras_script.py"
     root = make_script_job(

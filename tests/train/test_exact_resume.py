@@ -4,6 +4,7 @@ ends as a job never stopped (train/position.py, docs/training.md "Exact resume")
 import json
 
 import numpy as np
+import pytest
 
 from tests.conftest import newest_state, run_train, stop_job
 
@@ -69,6 +70,7 @@ def test_a_job_stopped_mid_epoch_ends_with_the_weights_of_one_never_stopped(make
     assert newest_state(stopped_job)["samples_done"] == newest_state(whole)["samples_done"]
 
 
+@pytest.mark.slow
 def test_a_stopped_job_resumes_at_its_step_on_another_number_of_ranks(make_job):
     """With global_batch_size fixed, 2 ranks stopped mid-epoch continue on 1 at the same step
     (asked to end with that epoch); the samples count goes on from where the stopped job left
