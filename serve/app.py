@@ -11,8 +11,8 @@
 An invocation flows read -> decode -> validate -> predict -> encode, against one deadline:
 the request timeout, counted from its first byte (serve.intake). A body not all received by
 then gets 408 (the client's delay, not the server's), after which the connection ends (the
-intake shut its reading side at the deadline). The body is decoded only once the worker's
-decode budget has room for it (serve.limits), and waits for the model in a bounded queue
+intake ended its connection to gunicorn at the deadline). The body is decoded only once the
+worker's decode budget has room for it (serve.limits), and waits for the model in a bounded queue
 (serve.batching); a request that cannot be answered by its deadline gets 503 then and is
 never computed later. A request whose body is over the limit is answered 413 after its body
 is read and dropped, so that the client, still sending, is not cut off before it can read the
@@ -208,9 +208,9 @@ def _read_body(config: ServeConfig, deadline: float) -> bytes:
 
     A declared Content-Length over the limit fails before anything is read (werkzeug checks
     MAX_CONTENT_LENGTH); a chunked body, which declares no length, is read until it passes it.
-    No read here waits past the deadline: the intake (serve.intake) gives the request its
-    thread once it has all arrived, or else shuts the socket's reading side at the deadline, so
-    the body of a client that stalls or trickles ends early then. A body that ends early is
+    No read here waits past the deadline: the intake (serve.intake) passes the request on
+    once it has all arrived, or else ends its connection to gunicorn at the deadline, so the
+    body of a client that stalls or trickles ends early then. A body that ends early is
     never decoded: under gunicorn a read returns no more at the end of the stream, whatever
     the Content-Length said, and a CSV cut after a line would pass for a whole one.
     """

@@ -12,35 +12,39 @@
   thread and serves at once: /ping answers 503 within milliseconds until the model is
   loaded and warmed up. A model that cannot load leaves the worker up, answering 503 with
   the reason, instead of exiting and being restarted forever.
-- Workers are gunicorn's own `gthread` workers: one process holds the model once and many
-  request threads share it through the micro-batcher, which is what lets concurrent
-  requests share model calls. They are configured through gunicorn's documented settings and
-  server hooks, and their thread pool is replaced through the one override gthread offers
-  (`get_thread_pool`) by the intake (serve.intake), which gives a request a thread only once
-  it has all arrived or its deadline has passed: no setting or hook keeps a client that
-  stalls from holding a thread. By default there is one worker per core on CPU hosts and one
-  per GPU on GPU hosts (serve.host); on a GPU host each worker sees only its own GPU
-  (CUDA_VISIBLE_DEVICES, set after fork).
+- Workers are gunicorn's own `gthread` workers, configured through gunicorn's documented
+  settings and server hooks only: one process holds the model once and many request threads
+  share it through the micro-batcher, which is what lets concurrent requests share model
+  calls. By default there is one worker per core on CPU hosts and one per GPU on GPU hosts
+  (serve.host); on a GPU host each worker sees only its own GPU (CUDA_VISIBLE_DEVICES, set
+  after fork).
+- The public port belongs to the intake (serve.intake), an asyncio proxy in this process that
+  passes a request on to gunicorn, on a loopback port, only once it has all arrived or its
+  deadline has passed: no setting or hook of gunicorn keeps a client that stalls from holding
+  a request thread. gunicorn's master and workers are a child process of it.
 - Each worker's Python threads run on one core, a different one per worker (its slot in
   WorkerSlots, which a replacement inherits); its model's threads run on every core.
-- SIGTERM stops accepting, lets in-flight requests finish and exits within
-  GRACEFUL_TIMEOUT_S, inside the 30 s SageMaker allows before SIGKILL.
+- SIGTERM stops accepting (the intake at once, and gunicorn, to which it passes the signal),
+  lets in-flight requests finish and exits within GRACEFUL_TIMEOUT_S, inside the 30 s
+  SageMaker allows before SIGKILL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import signal
 import socket
+import sys
 from typing import TYPE_CHECKING, Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
-from gunicorn.workers.gthread import ThreadWorker
 
 from serve.config import ServeConfig
 from serve.host import WorkerSlots, gpu_count, worker_core
-from serve.intake import IntakePool
+from serve.intake import Intake
 from serve.logs import logging_config
 
 if TYPE_CHECKING:  # the master never imports Flask (see _Gunicorn.load)
@@ -58,18 +62,6 @@ class NoAccessLogger(Logger):
     microseconds) whenever a logging config is given, then drop them."""
 
     access_log_enabled = False
-
-
-class Worker(ThreadWorker):
-    """gunicorn's threaded worker, its request threads behind the intake (serve.intake): a
-    client that stalls or trickles waits for its deadline on no thread, so `/ping` and every
-    other request still find one. gunicorn's `timeout` is the request timeout
-    (gunicorn_options); a connection that has sent nothing waits its `keepalive`."""
-
-    def get_thread_pool(self) -> IntakePool:
-        return IntakePool(
-            self.cfg.threads, request_timeout_s=self.cfg.timeout, idle_timeout_s=self.cfg.keepalive
-        )
 
 
 def _pin_gpu(server: Any, worker: Any) -> None:
@@ -93,8 +85,10 @@ def _pin_python(worker: Any) -> None:
     os.sched_setaffinity(0, {worker_core(worker.slot, os.sched_getaffinity(0))})
 
 
-def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
-    """gunicorn's settings for `config`."""
+def gunicorn_options(config: ServeConfig, upstream_port: int) -> dict[str, Any]:
+    """gunicorn's settings for `config`, listening on the loopback's `upstream_port` behind the
+    intake. gunicorn's `timeout` is the request timeout; `keepalive` is how long a connection
+    waits for its next request, which the intake's idle connections wait too."""
     slots = WorkerSlots()
     gpu_hooks = {"post_fork": _pin_gpu} if gpu_count() else {}
     return {
@@ -102,10 +96,10 @@ def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
         "pre_fork": slots.assign,
         "child_exit": slots.free,
         "post_worker_init": _pin_python,
-        "bind": [f"0.0.0.0:{config.port}"],
+        "bind": [f"127.0.0.1:{upstream_port}"],
         "reuse_port": True,
         "workers": config.workers,
-        "worker_class": Worker,
+        "worker_class": "gthread",
         "threads": config.threads,
         "timeout": config.timeout_s,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
@@ -120,12 +114,13 @@ def gunicorn_options(config: ServeConfig) -> dict[str, Any]:
 
 
 class _Gunicorn(BaseApplication):
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, upstream_port: int):
         self._config = config
+        self._upstream_port = upstream_port
         super().__init__()
 
     def load_config(self) -> None:
-        for name, value in gunicorn_options(self._config).items():
+        for name, value in gunicorn_options(self._config, self._upstream_port).items():
             self.cfg.set(name, value)
 
     def load(self) -> Flask:
@@ -140,26 +135,83 @@ class PortInUse(Exception):
     """Another process listens on the port."""
 
 
-def check_port_free(port: int) -> None:
-    """Raise PortInUse when another process listens on `port`. The workers bind with
-    SO_REUSEPORT after fork; a port held by another program would make each of them fail and
-    be restarted forever, and a port held by another `serve` would silently share its clients,
-    so the master binds once without SO_REUSEPORT first and lets go (SO_REUSEADDR: connections
-    of a previous server still in TIME_WAIT do not count)."""
+def bind_public(port: int) -> socket.socket:
+    """The intake's listening socket on `port`; PortInUse when another process listens on it
+    (SO_REUSEADDR: connections of a previous server still in TIME_WAIT do not count).
+
+    Made with its protocol named, IPPROTO_TCP: asyncio turns Nagle's algorithm off only on such
+    sockets, and with it on, an answer's body waited for the client's delayed acknowledgement
+    of its head (40 ms; measured on the MLP: 1 ms answers took 44 to 52)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("0.0.0.0", port))
+    except OSError as error:
+        listener.close()
+        if error.errno != errno.EADDRINUSE:
+            raise
+        raise PortInUse(
+            f"port {port} is in use by another process; stop it or choose "
+            "another port with SAGEMAKER_BIND_TO_PORT"
+        ) from None
+    listener.listen(2048)
+    return listener
+
+
+def loopback_port() -> int:
+    """A port free on the loopback now, for gunicorn behind the intake."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError as error:
-            if error.errno != errno.EADDRINUSE:
-                raise
-            raise PortInUse(
-                f"port {port} is in use by another process; stop it or choose "
-                "another port with SAGEMAKER_BIND_TO_PORT"
-            ) from None
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def run_server(config: ServeConfig) -> None:
-    """Serve until SIGTERM or SIGINT; gunicorn exits the process when done."""
-    check_port_free(config.port)
-    _Gunicorn(config).run()
+    """Serve until SIGTERM or SIGINT, then exit with gunicorn's exit status. The port is bound
+    before anything else (SageMaker wants connections taken within 250 ms of start); gunicorn
+    runs in a child process, forked before this one starts any thread."""
+    listener = bind_public(config.port)
+    upstream_port = loopback_port()
+    gunicorn_pid = os.fork()
+    if gunicorn_pid == 0:
+        listener.close()
+        _Gunicorn(config, upstream_port).run()  # exits the process when gunicorn stops
+    sys.exit(run_intake(listener, upstream_port, config, gunicorn_pid))
+
+
+def run_intake(
+    listener: socket.socket, upstream_port: int, config: ServeConfig, gunicorn_pid: int
+) -> int:
+    """Run the intake until gunicorn's master exits; its exit status (128 + the signal that
+    ended it). SIGTERM and SIGINT stop the intake taking connections and go on to gunicorn,
+    which finishes the requests it has; the connections still open are closed when it exits."""
+    loop = asyncio.new_event_loop()
+    intake = Intake(loop, upstream_port, config.timeout_s, KEEPALIVE_S)
+    server = loop.run_until_complete(intake.serve(listener))
+    exited: asyncio.Future[int] = loop.create_future()
+
+    def stop(signum: int) -> None:
+        intake.stopping = True
+        server.close()
+        os.kill(gunicorn_pid, signum)
+
+    def reap() -> None:
+        pid, status = os.waitpid(gunicorn_pid, os.WNOHANG)
+        if pid and not exited.done():
+            code = os.waitstatus_to_exitcode(status)
+            exited.set_result(code if code >= 0 else 128 - code)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop, signum)
+    loop.add_signal_handler(signal.SIGCHLD, reap)
+    try:
+        reap()  # in case gunicorn ended before the handler was in place
+        code = loop.run_until_complete(exited)
+    finally:
+        if not exited.done():  # the intake failed: gunicorn must not outlive it
+            os.kill(gunicorn_pid, signal.SIGTERM)
+    server.close()
+    intake.close_all()
+    loop.run_until_complete(asyncio.sleep(0))  # the closing connections write what is left
+    loop.close()
+    return code

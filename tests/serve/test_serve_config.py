@@ -153,15 +153,15 @@ def test_a_bad_value_names_the_variable_and_what_is_allowed(name, value, message
 
 def test_gunicorn_settings():
     config = ServeConfig(port=9000, workers=2, threads=16, timeout_s=30)
-    options = gunicorn_options(config)
+    options = gunicorn_options(config, upstream_port=9001)
     slots = options.pop("pre_fork").__self__
     assert isinstance(slots, WorkerSlots) and options.pop("child_exit") == slots.free
     assert options.pop("post_worker_init") == server_module._pin_python
     assert options == {
-        "bind": ["0.0.0.0:9000"],
+        "bind": ["127.0.0.1:9001"],
         "reuse_port": True,
         "workers": 2,
-        "worker_class": server_module.Worker,
+        "worker_class": "gthread",
         "threads": 16,
         "timeout": 30,
         "graceful_timeout": 20,
@@ -193,7 +193,7 @@ def test_cli_refuses_a_bad_environment_with_a_usage_error(monkeypatch, capsys):
 def test_on_a_gpu_host_each_worker_sees_the_gpu_of_its_slot(monkeypatch):
     monkeypatch.setattr(server_module, "gpu_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    options = gunicorn_options(ServeConfig(port=9000, workers=2))
+    options = gunicorn_options(ServeConfig(port=9000, workers=2), upstream_port=9001)
     for slot, gpu in ((0, "0"), (1, "1"), (2, "0")):  # a third worker shares round robin
         options["post_fork"](SimpleNamespace(), SimpleNamespace(slot=slot))
         assert os.environ["CUDA_VISIBLE_DEVICES"] == gpu

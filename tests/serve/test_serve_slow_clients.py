@@ -1,4 +1,5 @@
-"""Clients that stall or trickle, against the real `serve` on a real port (serve.intake).
+"""Clients that stall or trickle, against the real `serve` on a real port: its intake
+(serve.intake) in front of gunicorn.
 
 One worker with 2 request threads and a 5 s request timeout. Each stall case opens 3 clients
 (one more than the threads), and checks that `/ping` is answered while all of them are still
@@ -141,8 +142,9 @@ def test_a_stalled_client_is_cut_at_its_deadline_and_ping_answers_meanwhile(serv
 
 
 def test_a_request_stalled_behind_a_whole_one_is_cut_at_its_deadline(server):
-    """gunicorn reads the start of the second request with the first: the intake counts it
-    as arrived, and the deadline still cuts the rest (no answer: its head is incomplete)."""
+    """The start of a second request arrives with a whole first one: the intake passes the
+    first on at once, and the deadline still cuts the second (no answer: its head is
+    incomplete)."""
     clients = [
         connect(server, HEAD + b"Content-Length: 7\r\n\r\n" + ROW + HEAD)
         for _ in range(THREADS + 1)

@@ -92,20 +92,22 @@ def stuck_server(gated_root: Path, log: Path, timeout_s: int) -> Iterator[Server
         SAGEMAKER_MODEL_SERVER_TIMEOUT=str(timeout_s),
         SERVE_MAX_QUEUE="2",
     )
-    server.healthy()
-    with ThreadPoolExecutor(1) as pool:
-        hung = pool.submit(post, server, ",".join(map(str, HANG)))
-        wait_for(
-            lambda: metrics(server)["model_call_running_s"] > 0,
-            "the model call getting stuck",
-            timeout_s=60,
-        )
-        try:
-            yield server
-        finally:
-            release(gated_root / "gate")
-            assert hung.result().status_code == 500  # the released read fails
-            server.stop()
+    try:  # stopped whatever fails, setting up included: it would outlive the tests
+        server.healthy()
+        with ThreadPoolExecutor(1) as pool:
+            hung = pool.submit(post, server, ",".join(map(str, HANG)))
+            wait_for(
+                lambda: metrics(server)["model_call_running_s"] > 0,
+                "the model call getting stuck",
+                timeout_s=60,
+            )
+            try:
+                yield server
+            finally:
+                release(gated_root / "gate")
+                assert hung.result().status_code == 500  # the released read fails
+    finally:
+        server.stop()
 
 
 def metrics(server: Server) -> dict:
