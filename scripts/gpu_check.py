@@ -164,8 +164,17 @@ def run(name: str, argv: list[str], env: dict[str, str], timeout: float, log: Pa
     return Run(name, code, seconds, output)
 
 
-def verdict(launched: Run, bare: Run) -> list[str]:
-    """What is wrong with the two runs; empty when both trained alike."""
+@dataclass(frozen=True)
+class Comparison:
+    """What the check reports of two runs that trained alike."""
+
+    launched: float  # samples/s
+    bare: float
+    devices: tuple[str, ...]  # (platform, device count), the same for both runs
+
+
+def verdict(launched: Run, bare: Run) -> Comparison | list[str]:
+    """What the two runs measured when both trained alike, else what is wrong (never empty)."""
     problems = [
         f"{r.name} exited {r.exit_code}:\n{r.output[-3000:]}"
         for r in (launched, bare)
@@ -173,14 +182,19 @@ def verdict(launched: Run, bare: Run) -> list[str]:
     ]
     if problems:
         return problems
+    launched_rate, bare_rate, devices = launched.throughput, bare.throughput, launched.devices
     problems += [
         f"{r.name} printed no THROUGHPUT line" for r in (launched, bare) if r.throughput is None
     ]
     if launched.processes != 1:
         problems.append(f"launched: JAX ran with {launched.processes} processes, not 1")
-    if launched.devices != bare.devices:
-        problems.append(f"launched trained on {launched.devices}, bare on {bare.devices}")
-    return problems
+    if devices != bare.devices:
+        problems.append(f"launched trained on {devices}, bare on {bare.devices}")
+    elif devices is None:
+        problems.append("neither run printed a DEVICES line")
+    if problems or launched_rate is None or bare_rate is None or devices is None:
+        return problems  # a value is None only where a problem above names it
+    return Comparison(launched_rate, bare_rate, devices)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,20 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    problems = verdict(launched, bare)
-    for problem in problems:
-        print(f"gpu check: FAILED: {problem}", flush=True)
-    if problems:
+    result = verdict(launched, bare)
+    if isinstance(result, list):
+        for problem in result:
+            print(f"gpu check: FAILED: {problem}", flush=True)
         return 1
-    ratio = launched.throughput / bare.throughput
-    platform, count = launched.devices
+    ratio = result.launched / result.bare
+    platform, count = result.devices
     print(
         f"gpu check: {platform} x{count}, global batch {args.global_batch}, "
         f"{args.samples} samples x {args.epochs} epochs (the first not timed)"
     )
     print(
-        f"gpu check: launched {launched.throughput:,.0f} samples/s, bare "
-        f"{bare.throughput:,.0f} samples/s, ratio {ratio:.3f} (target >= {TARGET_RATIO}: "
+        f"gpu check: launched {result.launched:,.0f} samples/s, bare "
+        f"{result.bare:,.0f} samples/s, ratio {ratio:.3f} (target >= {TARGET_RATIO}: "
         f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})",
         flush=True,
     )

@@ -85,8 +85,8 @@ def list_channel(name: str, directory: Path, content_type: str = "") -> ChannelF
     )
     if not files:
         raise DataError(f"channel {name}: {directory} has no data files")
-    kinds = {path: _kind(path, content_type) for path in files}
-    unknown = [p for p, kind in kinds.items() if kind is None]
+    kinds = {path: kind for path in files if (kind := _kind(path, content_type)) is not None}
+    unknown = [p for p in files if p not in kinds]
     if unknown:
         raise DataError(
             f"{unknown[0]}: unsupported file type; channel files must be CSV, NPZ, "

@@ -23,8 +23,9 @@ are read and dropped, not trained.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -40,7 +41,8 @@ STATS_SAMPLE = 4096  # samples per rank behind the normalisation statistics
 
 
 class Source(Protocol):
-    shape: tuple[int, ...]
+    @property  # read-only, so a source's more exact shape (an image's 3-tuple) conforms
+    def shape(self) -> tuple[int, ...]: ...
 
     def labels(self) -> tuple[int, set]: ...
 
@@ -63,7 +65,7 @@ class Table:
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The share's chunks; its files in a random order from `order` (own files only: a
         record split needs every reader to walk the files in the same order)."""
-        files = self.share.files
+        files: Sequence[Path] = self.share.files
         if order is not None and self.share.by_file:
             files = [files[i] for i in order.permutation(len(files))]
         start = 0

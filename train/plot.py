@@ -50,7 +50,7 @@ def _draw_panel(
     origin: int,
     metric: str,
     series: dict[str, list[float]],
-    font: ImageFont.ImageFont,
+    font: ImageFont.FreeTypeFont | ImageFont.ImageFont,  # load_default's, by FreeType's presence
 ) -> None:
     left, top = origin + MARGIN["left"], MARGIN["top"]
     right, bottom = origin + PANEL[0] - MARGIN["right"], PANEL[1] - MARGIN["bottom"]
@@ -74,7 +74,7 @@ def _draw_panel(
     draw.rectangle([left, top, right, bottom], outline=AXIS)
     draw.text(((left + right) / 2, PANEL[1] - 6), "epoch", fill=TEXT, font=font, anchor="mb")
     draw.text((left, 8), metric, fill=TEXT, font=font, anchor="lt")
-    legend_right = right  # the legend sits in the top margin, right-aligned, one row
+    legend_right: float = right  # the legend sits in the top margin, right-aligned, one row
     for name, values in reversed(series.items()):
         points = [(x_at(i + 1), y_at(v)) for i, v in enumerate(values) if math.isfinite(v)]
         colour = COLOURS[name]
