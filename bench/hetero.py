@@ -53,7 +53,7 @@ def measure(sizes: Sizes, workdir: Path) -> Measurement:
                 service,
                 "32",
                 str(sizes.pipeline_batches),
-                "3",
+                str(sizes.pipeline_repeats),
             ],
             timeout=600,
             what="served input pipeline",

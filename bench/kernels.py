@@ -7,7 +7,10 @@ dy @ W^T for every layer but the first), one thread, in the trainer's CPU rank e
 at both batch sizes. t(k*b) / (k * t(b)) is what the accumulated run can reach at best: the
 rest of a training step (the optimizer, Keras' loop, the accumulation itself) only adds.
 
-    python -m bench.kernels OUT.json MICRO_BATCH K FEATURES HIDDEN,UNITS CLASSES
+    python -m bench.kernels OUT.json MICRO_BATCH K FEATURES HIDDEN,UNITS CLASSES REPEAT_SECONDS
+
+REPEAT_SECONDS is the work per timed repeat: 1 s keeps the full run's timings above the
+clock's noise; the tiny run only checks that the products run and are timed.
 """
 
 from __future__ import annotations
@@ -19,16 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPEAT_SECONDS = 1.0
-
 
 def layer_shapes(features: int, hidden: list[int], classes: int) -> list[tuple[int, int]]:
     sizes = [features, *hidden, classes]
     return list(zip(sizes, sizes[1:]))
 
 
-def seconds_per_pass(batch: int, shapes: list[tuple[int, int]]) -> float:
-    """Best-of-3 seconds of one forward+backward pass worth of the layers' products."""
+def seconds_per_pass(batch: int, shapes: list[tuple[int, int]], repeat_seconds: float) -> float:
+    """Best-of-3 seconds of one forward+backward pass worth of the layers' products, each
+    repeat about `repeat_seconds` of calls."""
     import tensorflow as tf
 
     weights = [tf.random.normal(shape) for shape in shapes]
@@ -47,7 +49,7 @@ def seconds_per_pass(batch: int, shapes: list[tuple[int, int]]) -> float:
     products()
     started = time.perf_counter()
     products()
-    calls = max(1, int(REPEAT_SECONDS / (time.perf_counter() - started)))
+    calls = max(1, int(repeat_seconds / (time.perf_counter() - started)))
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
@@ -60,13 +62,14 @@ def seconds_per_pass(batch: int, shapes: list[tuple[int, int]]) -> float:
 def main(argv: list[str]) -> None:
     out, micro, k, features = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
     hidden, classes = [int(units) for units in argv[4].split(",")], int(argv[5])
+    repeat_seconds = float(argv[6])
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     shapes = layer_shapes(features, hidden, classes)
-    micro_seconds = seconds_per_pass(micro, shapes)
-    whole_seconds = seconds_per_pass(micro * k, shapes)
+    micro_seconds = seconds_per_pass(micro, shapes, repeat_seconds)
+    whole_seconds = seconds_per_pass(micro * k, shapes, repeat_seconds)
     out.write_text(
         json.dumps(
             {

@@ -2,8 +2,10 @@
 
 - per rank: sampled while the item 2 jobs run (bench.jobs.PeakMemory); the largest
   rank of the 2-rank runs;
-- serving: `serve --ml-root DIR` (gunicorn master + worker) on the model a benchmark job
-  exported, after `requests` CSV predictions; the worker's peak;
+- serving: `serve --ml-root DIR` (gunicorn master + one worker) on the model a benchmark job
+  exported, after `requests` CSV predictions; the worker's peak. One worker: each worker is
+  its own process with its own model, so its peak does not depend on how many there are, and
+  a second would only add a TensorFlow start-up;
 - reference for both: a bare `python -c "import tensorflow, horovod.tensorflow"`, the floor
   any process of this stack starts from.
 No targets: these rows say what an instance must hold, per rank and per server worker.
@@ -63,16 +65,17 @@ def _get(url: str, body: bytes | None = None) -> int:
 
 
 def serving_peak_rss(ml_root: Path, features: int, requests: int) -> dict[str, Any]:
-    """Peak RSS of the serve master and its worker(s) after `requests` predictions."""
+    """Peak RSS of the serve master and its one worker after `requests` predictions."""
     port = free_port()
     argv = [str(SERVE), "--ml-root", str(ml_root)]
-    log(f"serving: SAGEMAKER_BIND_TO_PORT={port} {' '.join(argv)}")
+    env = {"SAGEMAKER_BIND_TO_PORT": str(port), "SAGEMAKER_MODEL_SERVER_WORKERS": "1"}
+    log(f"serving: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(argv)}")
     with open(ml_root / "serve.log", "w") as errors:  # a file: a full pipe would block the server
         process = subprocess.Popen(
             argv,
             stdout=errors,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)},
+            env={**os.environ, **env},
         )
         base = f"http://127.0.0.1:{port}"
         try:

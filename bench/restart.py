@@ -30,7 +30,10 @@ from job.protocol import parse_metrics
 
 CADENCE = 4  # checkpoint_every_epochs: at most this many steps are lost
 KILL_AFTER = 10  # the epoch (= step) after which the worker's rank is killed
-EPOCHS = 80  # enough that the job is still training when the kill lands, at any size
+# Enough that the job is still training when the kill lands, at any size (a step lasts tens of
+# milliseconds; the kill lands a few steps after the line), and no more: every epoch after the
+# restart, to the end, costs both ranks a step, a METRICS line and every CADENCE a checkpoint.
+EPOCHS = 40
 RESUMED = re.compile(r"trainer: resumed from \S+ at epoch (\d+)")
 
 

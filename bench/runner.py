@@ -22,8 +22,9 @@ Items (see each module's docstring for the method):
 Output: the table on stdout (progress and the exact commands on stderr), the full results
 (every repeat, machine, load average, date) in RESULTS/bench-<date>.json and
 RESULTS/bench-latest.json, the table as Markdown in RESULTS/bench-latest.md. `--tiny` runs
-every item at a size that finishes in about a minute (what tests/bench checks); its files are
-named bench-tiny-*. `--mpi-options` adds mpirun options to every trainer and allreduce run
+every item at a size where it costs little more than its processes' start-ups
+(bench.sizes.TINY; what tests/bench checks); its files are named bench-tiny-*.
+`--mpi-options` adds mpirun options to every trainer and allreduce run
 (e.g. to try a fix: "-x HOROVOD_CYCLE_TIME=5"). Exit status 1 when an item failed to run
 (a missed target is a result, not a failure).
 """
@@ -38,7 +39,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 from bench import allreduce, cluster, data_scale, hetero, memory, restart, stacks, training
 from bench.launch import PYTHON, REPO, log, run
@@ -47,6 +48,7 @@ from bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE, TF_IMAGE
 
 ITEMS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)
+T = TypeVar("T")
 NOISE_NOTE = (
     "The machine is shared: other work runs at the same time, so every number is "
     "the median of repeats and the load average at each run's start is in the JSON."
@@ -145,7 +147,7 @@ def input_rows(config: BenchConfig, consumption: float | None) -> list[Measureme
             str(sizes.features),
             str(sizes.per_device_batch),
             str(sizes.pipeline_batches),
-            "3",
+            str(sizes.pipeline_repeats),
         ],
         timeout=300,
         what="input pipeline",
@@ -186,9 +188,34 @@ def input_rows(config: BenchConfig, consumption: float | None) -> list[Measureme
     return rows
 
 
+class Once(Generic[T]):
+    """A step several items share (items 2, 3 and 6's trainer runs), run by the first item
+    that needs it. A later item gets its result, or its error raised again: an item that
+    depends on a failed step fails with it, without running it a second time."""
+
+    def __init__(self, step: Callable[[], T]):
+        self.step = step
+        self.outcome: T | Exception | None = None
+
+    def __call__(self) -> T:
+        if self.outcome is None:
+            try:
+                self.outcome = self.step()
+            except Exception as error:
+                self.outcome = error
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+    def result(self) -> T | None:
+        """The result when the step has run and succeeded, else None (never runs it)."""
+        return None if isinstance(self.outcome, Exception) else self.outcome
+
+
 class Items:
     """Runs the items in dependency order; a failing item becomes a FAILED row, never a crash,
-    and each item's wall time is kept for the JSON."""
+    and each item's wall time is kept for the JSON (a shared step's time counts for the item
+    that ran it: items 2 and 3's trainer runs for item 2)."""
 
     def __init__(self, config: BenchConfig):
         self.config = config
@@ -213,23 +240,30 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
     sizes, workdir, extra = config.sizes, config.workdir, config.mpi_options
     workdir.mkdir(parents=True, exist_ok=True)
     items = Items(config)
-    trainer: dict[str, Any] = {"consumption": [], "rank_peaks": [], "model_root": None}
-
-    def scaling() -> list[Measurement]:
-        rows, one, two = training.scaling(sizes, workdir / "scaling", extra)
-        trainer["consumption"] += [one.throughput(), two.throughput()]
-        trainer["rank_peaks"] = two.rank_peaks()
-        trainer["model_root"] = workdir / "scaling" / "1rank-0" / "job0"
-        return rows
-
-    def accumulation() -> list[Measurement]:
-        rows, whole = training.accumulation(sizes, workdir / "accumulation", extra)
-        trainer["consumption"] += [rows[0].value, whole.throughput()]
-        return rows
+    trainer = Once(
+        lambda: training.TrainerJobs.run(
+            sizes,
+            workdir / "trainer",
+            extra,
+            scaling=bool({2, 6} & set(config.items)),  # item 6 measures item 2's ranks
+            capacity=2 in config.items,
+            accumulation=3 in config.items,
+        )
+    )
 
     def input_pipeline() -> list[Measurement]:
-        known = [c for c in trainer["consumption"] if c]
+        jobs = trainer.result()  # items 2 and 3's, when they ran
+        known = jobs.consumption() if jobs else []
         return input_rows(config, max(known) if known else None)
+
+    def peak_rss() -> list[Measurement]:
+        two = trainer().two
+        return memory.measure(
+            two.rank_peaks() if two else [],
+            workdir / "trainer" / "1rank-0" / "job0",  # its exported model
+            sizes.features,
+            sizes.serve_requests,
+        )
 
     items.attempt(
         1,
@@ -238,19 +272,12 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
             sizes.allreduce_bytes, sizes.allreduce_repeats, workdir / "allreduce", extra
         ),
     )
-    if 6 in config.items and 2 not in config.items:  # item 6 measures item 2's ranks
-        items.attempt(6, "scaling runs for peak RSS", scaling)
-        items.rows = [row for row in items.rows if row.item != 2]
-    items.attempt(2, "scaling efficiency", scaling)
-    items.attempt(3, "accumulation cost", accumulation)
-    items.attempt(5, "input pipeline", input_pipeline)
+    items.attempt(2, "scaling efficiency", lambda: trainer().scaling_rows())
     items.attempt(
-        6,
-        "peak RSS",
-        lambda: memory.measure(
-            trainer["rank_peaks"], trainer["model_root"], sizes.features, sizes.serve_requests
-        ),
+        3, "accumulation cost", lambda: trainer().accumulation_rows(workdir / "accumulation")
     )
+    items.attempt(5, "input pipeline", input_pipeline)
+    items.attempt(6, "peak RSS", peak_rss)
     items.attempt(7, "data at scale", lambda: data_scale.measure(sizes, workdir / "data"))
     items.attempt(
         4,

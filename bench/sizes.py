@@ -4,6 +4,12 @@ Full sizes are chosen so that `make bench` ends within 10 minutes on the project
 machine while each trainer epoch lasts seconds (so per-epoch throughput is not dominated by
 timer granularity) and the model's compute dominates its allreduce (an MLP 256-1024-1024-10:
 1.3 M parameters, 5.3 MB of gradients per step).
+
+Tiny sizes (`make bench-tiny`, tests/bench) run every item for real at the least that still
+measures what its row says: one run per configuration, two timed repeats, a tenth of a second
+per timed kernel repeat, the digits once. What is left of a tiny run is mostly its processes'
+start-ups (importing TensorFlow and Horovod: about 4 CPU-seconds each), so the saving there is
+in running fewer of them (bench.training.TrainerJobs), not in smaller sizes.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class Sizes:
     repeats: int  # trainer runs per configuration, interleaved
     reader_samples: int
     pipeline_batches: int
+    pipeline_repeats: int  # items 5, 7 and 11: timed drains of each input pipeline
+    kernel_seconds: float  # item 3's ceiling: work per timed repeat of the matrix products
     cluster_epochs: int  # item 4: one optimizer step per epoch
     serve_requests: int
     scale_copies: int  # item 7: copies of the digits in the smaller TFRecord channel
@@ -47,6 +55,8 @@ FULL = Sizes(
     repeats=2,
     reader_samples=16384,
     pipeline_batches=200,
+    pipeline_repeats=3,
+    kernel_seconds=1.0,
     cluster_epochs=3,
     serve_requests=50,
     scale_copies=25,
@@ -68,6 +78,8 @@ TINY = Sizes(
     repeats=1,
     reader_samples=256,
     pipeline_batches=5,
+    pipeline_repeats=2,
+    kernel_seconds=0.1,
     cluster_epochs=2,
     serve_requests=3,
     scale_copies=1,

@@ -3,8 +3,9 @@
 Item 2, scaling efficiency: samples/s of 2 ranks x 1 thread divided by twice the samples/s of
 1 rank x 1 thread, same per-device batch (so twice the global batch). Item 3, gradient
 accumulation cost: one rank, k accumulated micro-batches of b vs one batch of k*b (the same
-optimizer step). Every configuration runs `repeats` times, interleaved (A B A B) so slow
-drift in the machine's load hits both sides; a run's throughput is the median of its epochs
+optimizer step), whose whole batch is item 2's 1-rank job. Every configuration of both items
+runs `repeats` times in one loop, interleaved (A B C D A B C D: TrainerJobs) so slow drift in
+the machine's load hits every side; a run's throughput is the median of its epochs
 after the first (the first includes tf.function tracing), and a configuration's is the median
 over its runs.
 
@@ -114,62 +115,6 @@ def run_interleaved(configurations: list[Configuration], sizes: Sizes, workdir: 
             )
 
 
-def scaling(
-    sizes: Sizes, workdir: Path, extra_mpi_options: str = "", capacity: bool = True
-) -> tuple[list[Measurement], Configuration, Configuration]:
-    """The scaling row, and with `capacity` a diagnostic row: two independent 1-rank jobs at
-    once, i.e. what two processes get from this machine now. 2 ranks vs that isolates what
-    the ranks lose to each other (communication) from what other work on the machine takes."""
-    batch, options = sizes.per_device_batch, f"{ONE_THREAD} {extra_mpi_options}".strip()
-    one_rank = hyperparameters(
-        sizes, ranks=1, per_device_batch=batch, max_device_batch=batch, mpi_options=options
-    )
-    one = Configuration("1rank", one_rank)
-    two = Configuration(
-        "2ranks",
-        hyperparameters(
-            sizes, ranks=2, per_device_batch=batch, max_device_batch=batch, mpi_options=options
-        ),
-    )
-    pair = Configuration("2jobs", one_rank, copies=2)
-    run_interleaved([one, two, pair] if capacity else [one, two], sizes, workdir)
-    single = one.throughput()
-    model = f"mlp {sizes.features}-{sizes.hidden_units.replace(',', '-')}-10"
-    rows = [
-        Measurement(
-            item=2,
-            metric="scaling: 2 ranks x 1 thread, samples/s",
-            unit="samples/s",
-            value=two.throughput(),
-            reference=None if single is None else 2 * single,
-            reference_name="2 x 1 rank x 1 thread",
-            target=Target("ratio", ">=", 0.9),
-            note=f"{model}, per-device batch {batch}",
-            samples=tuple(two.run_throughputs()),
-            details={
-                "one_rank": one.details(),
-                "two_ranks": two.details(),
-                "one_rank_samples_per_sec": one.run_throughputs(),
-            },
-        )
-    ]
-    if capacity:
-        rows.append(
-            Measurement(
-                item=2,
-                metric="scaling diagnostic: 2 ranks vs 2 independent 1-rank jobs",
-                unit="samples/s",
-                value=two.throughput(),
-                reference=pair.throughput(),
-                reference_name="2 jobs x 1 rank, summed",
-                note="the machine's capacity now; ratio = what the ranks lose to each other",
-                samples=tuple(pair.run_throughputs()),
-                details={"pair": pair.details()},
-            )
-        )
-    return rows, one, two
-
-
 def kernel_ceiling(sizes: Sizes, workdir: Path) -> Measurement:
     """Item 3's diagnostic row: the model's matrix products at the micro-batch vs the whole
     batch (bench.kernels), i.e. the best ratio accumulation can reach here."""
@@ -187,6 +132,7 @@ def kernel_ceiling(sizes: Sizes, workdir: Path) -> Measurement:
             str(sizes.features),
             sizes.hidden_units,
             str(CLASSES),
+            str(sizes.kernel_seconds),
         ],
         timeout=300,
         what="matrix products",
@@ -207,40 +153,128 @@ def kernel_ceiling(sizes: Sizes, workdir: Path) -> Measurement:
     )
 
 
-def accumulation(
-    sizes: Sizes, workdir: Path, extra_mpi_options: str = ""
-) -> tuple[list[Measurement], Configuration]:
-    k, big = sizes.accumulation_steps, sizes.per_device_batch
-    options = f"{ONE_THREAD} {extra_mpi_options}".strip()
-    if big % k:
-        raise ValueError(f"per_device_batch {big} must be a multiple of accumulation_steps {k}")
-    micro = big // k
-    accumulated = Configuration(
-        f"accumulate{k}",
-        hyperparameters(
-            sizes, ranks=1, per_device_batch=big, max_device_batch=micro, mpi_options=options
-        ),
-    )
-    whole = Configuration(
-        "batch1",
-        hyperparameters(
-            sizes, ranks=1, per_device_batch=big, max_device_batch=big, mpi_options=options
-        ),
-    )
-    run_interleaved([accumulated, whole], sizes, workdir)
-    measurement = Measurement(
-        item=3,
-        metric=f"accumulation: {k} x {micro} vs 1 x {big}, samples/s",
-        unit="samples/s",
-        value=accumulated.throughput(),
-        reference=whole.throughput(),
-        reference_name=f"one batch of {big}",
-        target=Target("ratio", ">=", 0.9),
-        samples=tuple(accumulated.run_throughputs()),
-        details={
-            "accumulated": accumulated.details(),
-            "whole_batch": whole.details(),
-            "whole_batch_samples_per_sec": whole.run_throughputs(),
-        },
-    )
-    return [measurement, kernel_ceiling(sizes, workdir)], whole
+@dataclass
+class TrainerJobs:
+    """Items 2, 3 and 6's trainer runs, all in one interleaved loop (A B C D A B C D) so slow
+    drift hits every side of both comparisons. Item 3's whole-batch job is item 2's 1-rank job
+    (the same hyperparameters: 1 rank, the per-device batch, one thread), so it runs once for
+    both items rather than once per item."""
+
+    sizes: Sizes
+    one: Configuration  # 1 rank x 1 thread: item 2's reference, item 3's whole batch
+    two: Configuration | None = None  # 2 ranks x 1 thread: item 2, and item 6's rank peaks
+    pair: Configuration | None = None  # 2 independent 1-rank jobs at once: item 2's diagnostic
+    accumulated: Configuration | None = None  # k micro-batches, same optimizer step: item 3
+
+    @classmethod
+    def run(
+        cls,
+        sizes: Sizes,
+        workdir: Path,
+        extra_mpi_options: str = "",
+        *,
+        scaling: bool,
+        capacity: bool,
+        accumulation: bool,
+    ) -> TrainerJobs:
+        """The configurations the selected items need: `scaling` the 2-rank job, `capacity`
+        the pair of 1-rank jobs, `accumulation` the accumulated job (the 1-rank job always)."""
+        batch, k = sizes.per_device_batch, sizes.accumulation_steps
+        if accumulation and batch % k:
+            raise ValueError(
+                f"per_device_batch {batch} must be a multiple of accumulation_steps {k}"
+            )
+        options = f"{ONE_THREAD} {extra_mpi_options}".strip()
+
+        def job(ranks: int, max_device_batch: int) -> dict[str, str]:
+            return hyperparameters(
+                sizes,
+                ranks=ranks,
+                per_device_batch=batch,
+                max_device_batch=max_device_batch,
+                mpi_options=options,
+            )
+
+        jobs = cls(sizes, Configuration("1rank", job(1, batch)))
+        if scaling:
+            jobs.two = Configuration("2ranks", job(2, batch))
+        if capacity:
+            jobs.pair = Configuration("2jobs", jobs.one.hyperparameters, copies=2)
+        if accumulation:
+            jobs.accumulated = Configuration(f"accumulate{k}", job(1, batch // k))
+        configurations = [jobs.one, jobs.two, jobs.pair, jobs.accumulated]
+        run_interleaved([c for c in configurations if c is not None], sizes, workdir)
+        return jobs
+
+    def scaling_rows(self) -> list[Measurement]:
+        """The scaling row, and with the pair a diagnostic row: two independent 1-rank jobs at
+        once, i.e. what two processes get from this machine now. 2 ranks vs that isolates what
+        the ranks lose to each other (communication) from what other work on the machine
+        takes."""
+        one, two, pair, sizes = self.one, self.two, self.pair, self.sizes
+        if two is None:
+            raise ValueError("the 2-rank job was not run: TrainerJobs.run(scaling=True)")
+        single = one.throughput()
+        model = f"mlp {sizes.features}-{sizes.hidden_units.replace(',', '-')}-10"
+        rows = [
+            Measurement(
+                item=2,
+                metric="scaling: 2 ranks x 1 thread, samples/s",
+                unit="samples/s",
+                value=two.throughput(),
+                reference=None if single is None else 2 * single,
+                reference_name="2 x 1 rank x 1 thread",
+                target=Target("ratio", ">=", 0.9),
+                note=f"{model}, per-device batch {sizes.per_device_batch}",
+                samples=tuple(two.run_throughputs()),
+                details={
+                    "one_rank": one.details(),
+                    "two_ranks": two.details(),
+                    "one_rank_samples_per_sec": one.run_throughputs(),
+                },
+            )
+        ]
+        if pair is not None:
+            rows.append(
+                Measurement(
+                    item=2,
+                    metric="scaling diagnostic: 2 ranks vs 2 independent 1-rank jobs",
+                    unit="samples/s",
+                    value=two.throughput(),
+                    reference=pair.throughput(),
+                    reference_name="2 jobs x 1 rank, summed",
+                    note="the machine's capacity now; ratio = what the ranks lose to each other",
+                    samples=tuple(pair.run_throughputs()),
+                    details={"pair": pair.details()},
+                )
+            )
+        return rows
+
+    def accumulation_rows(self, workdir: Path) -> list[Measurement]:
+        """Item 3's row (the accumulated job vs the 1-rank job at the whole batch) and its
+        ceiling (kernel_ceiling, run in `workdir`)."""
+        accumulated, whole, sizes = self.accumulated, self.one, self.sizes
+        if accumulated is None:
+            raise ValueError("the accumulated job was not run: TrainerJobs.run(accumulation=True)")
+        k, big = sizes.accumulation_steps, sizes.per_device_batch
+        measurement = Measurement(
+            item=3,
+            metric=f"accumulation: {k} x {big // k} vs 1 x {big}, samples/s",
+            unit="samples/s",
+            value=accumulated.throughput(),
+            reference=whole.throughput(),
+            reference_name=f"one batch of {big}",
+            target=Target("ratio", ">=", 0.9),
+            samples=tuple(accumulated.run_throughputs()),
+            details={
+                "accumulated": accumulated.details(),
+                "whole_batch": whole.details(),
+                "whole_batch_samples_per_sec": whole.run_throughputs(),
+            },
+        )
+        return [measurement, kernel_ceiling(sizes, workdir)]
+
+    def consumption(self) -> list[float]:
+        """Every measured job's samples/s (item 5's reference is the fastest)."""
+        measured = [c.throughput() for c in (self.one, self.two, self.accumulated) if c is not None]
+        return [rate for rate in measured if rate is not None]

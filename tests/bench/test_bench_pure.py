@@ -7,7 +7,7 @@ import pytest
 
 from bench import allreduce, cluster, jobs, training
 from bench.results import Measurement, Target, markdown_table, report, text_table
-from bench.runner import BenchConfig, parse_arguments
+from bench.runner import BenchConfig, Once, parse_arguments
 from bench.sizes import FULL, TINY
 
 
@@ -214,3 +214,44 @@ def test_bench_config_names_the_valid_items():
         )
     with pytest.raises(SystemExit):
         parse_arguments(["--cluster", "kubernetes"])
+
+
+def test_a_shared_step_runs_once_and_its_failure_fails_every_item_that_needs_it():
+    calls = []
+
+    def failing():
+        calls.append(1)
+        raise RuntimeError("the trainer runs failed")
+
+    step = Once(failing)
+    assert step.result() is None  # never runs it
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="the trainer runs failed"):
+            step()
+    assert len(calls) == 1 and step.result() is None
+
+    def succeeding():
+        calls.append(2)
+        return len(calls)
+
+    counted = Once(succeeding)
+    assert counted() == counted() == 2 and counted.result() == 2 and calls == [1, 2]
+
+
+def test_items_2_and_3_share_the_one_rank_job_in_one_interleaved_loop(monkeypatch, tmp_path):
+    """Item 3's whole batch is item 2's 1-rank job (same hyperparameters): it runs once, in
+    the same loop as every other configuration, and only the selected items' jobs run."""
+    loops = []
+    monkeypatch.setattr(training, "run_interleaved", lambda c, *_: loops.append(c))
+    both = training.TrainerJobs.run(TINY, tmp_path, scaling=True, capacity=True, accumulation=True)
+    [configurations] = loops
+    assert [c.name for c in configurations] == ["1rank", "2ranks", "2jobs", "accumulate4"]
+    assert both.pair.hyperparameters == both.one.hyperparameters and both.pair.copies == 2
+    assert both.accumulated.hyperparameters == {
+        **both.one.hyperparameters,
+        "max_device_batch_size": str(TINY.per_device_batch // TINY.accumulation_steps),
+    }
+    training.TrainerJobs.run(TINY, tmp_path, scaling=False, capacity=False, accumulation=True)
+    assert [c.name for c in loops[1]] == ["1rank", "accumulate4"]
+    with pytest.raises(ValueError, match="the 2-rank job was not run"):
+        training.TrainerJobs(TINY, both.one).scaling_rows()
