@@ -5,9 +5,10 @@ derived layout splits the kernels: never the all-replicated warning), the batch 
 replicas, the whole model is gathered for the export that `serve` answers, and the job split
 across hosts (with 2 accumulated micro-batches per step) ends with the weights of a
 one-process job (a wrong collective would show). Its checkpoints are sharded: each host's
-folder holds only its own process's shards (no gathered .npz), and a job stopped mid-epoch
-resumes from them, before any S3 merge (each host sends the others what they lack), with the
-weights of the job never stopped."""
+folder holds only its own process's shards (no gathered .npz), and a job stopped mid-epoch, or
+one whose process on algo-2 is killed (`max_restarts`), resumes from them before any S3 merge
+(each host sends the others what they lack) and ends with the weights of the job never
+stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import assert_serves_the_digits, compose_cluster, newest_checkpoint, restart
+from conftest import (
+    assert_serves_the_digits,
+    compose_cluster,
+    kill_a_worker_rank_in_epoch_2,
+    newest_checkpoint,
+    restart,
+)
 from test_keras_trainer import ON_JAX, final_arrays, run_job
 from test_tf_stack import stop_the_leader_in_epoch_2, tf_image  # noqa: F401
 
@@ -164,6 +171,64 @@ def test_a_model_split_across_hosts_stopped_mid_epoch_resumes_from_its_shards(
     assert len(got) == len(want)
     for index, (value, expected) in enumerate(zip(got, want)):
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
+
+
+def test_a_model_split_across_hosts_restarts_a_killed_process_and_ends_as_never_killed(
+    engine, tf_image, data, tmp_path, split
+):
+    """SIGKILL to the process on algo-2 in epoch 2, with `max_restarts` 1 and a checkpoint
+    every 0.3 s: the launcher runs every process again, each host still holding only its own
+    shards (nothing merged them), so the hosts send each other what they lack, and the job
+    ends with the weights of the job never killed."""
+    spec = spec_of(
+        tmp_path,
+        tf_image,
+        data,
+        2,
+        2,
+        model_parallel=4,
+        **ACCUMULATE,
+        max_restarts=1,
+        checkpoint_every_minutes=0.005,
+    )
+    codes, leader = kill_a_worker_rank_in_epoch_2(engine, spec, "mprestart")
+    assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    assert "the job succeeded after 1 restart(s)" in leader, leader[-3000:]
+    resumed = re.search(r"trainer: resumed from /opt/ml/checkpoints/(epoch-[\d.]+) at", leader)
+    assert resumed, leader[-3000:]
+    assert f"copied 2 shard file(s) of {resumed[1]} that only other hosts held" in leader
+    got, want = sharded_arrays(spec), sharded_arrays(split)
+    assert len(got) == len(want)
+    for index, (value, expected) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
+
+
+def test_a_job_run_again_with_the_model_axis_inside_each_host_resumes_from_the_shards(
+    engine, tf_image, data, tmp_path, split
+):
+    """Another mesh: the split job's checkpoints, restored into every host as S3 restores the
+    hosts' merged prefix, resumed by the same job with model_parallel=2 (each process now
+    holds a whole replica, so the leader's whole checkpoint) and one more epoch: the leader
+    reads the whole model from both hosts' shards, every process assigns it, and the job
+    goes on from the end of epoch 3."""
+    spec = spec_of(tmp_path, tf_image, data, 2, 2, model_parallel=2, **ACCUMULATE, epochs=4)
+    with compose_cluster(engine, spec, "mpreshard") as cluster:
+        for host in spec.host_names:
+            for written_on in split.host_names:
+                shutil.copytree(
+                    local_cluster.host_paths(split, written_on).checkpoint_dir,
+                    local_cluster.host_paths(spec, host).checkpoint_dir,
+                    dirs_exist_ok=True,
+                )
+        cluster.compose("up", "-d", capture=True, timeout=300)
+        codes = cluster.wait_all_exited(600)
+        leader = cluster.logs("algo-1")
+    assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    resumed = "trainer: resumed from /opt/ml/checkpoints/epoch-000003 at epoch 4\n"
+    assert resumed in leader, leader[-3000:]
+    assert "trainer: training from epoch 4 to the end of epoch 4" in leader
+    assert "the model is split across processes" not in leader
+    assert host_files(spec, "algo-1", "epoch-000004") == ["ckpt.npz", "state.json"]
 
 
 def test_a_model_axis_inside_each_host_makes_two_replicas(engine, tf_image, data, tmp_path):
