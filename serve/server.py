@@ -158,12 +158,15 @@ def bind_public(port: int) -> socket.socket:
     return listener
 
 
-def loopback_port() -> int:
-    """A port free on the loopback now, for gunicorn behind the intake."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+def reserve_loopback_port() -> socket.socket:
+    """A port on the loopback for gunicorn behind the intake, held for it: a socket bound to
+    it with SO_REUSEPORT and never listening, so that gunicorn's workers (which bind with
+    SO_REUSEPORT too, gunicorn's `reuse_port`) can listen on it while no other program can take
+    it between now and then, and no connection ever reaches this socket."""
+    reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    reserved.bind(("127.0.0.1", 0))
+    return reserved
 
 
 def run_server(config: ServeConfig) -> None:
@@ -171,12 +174,15 @@ def run_server(config: ServeConfig) -> None:
     before anything else (SageMaker wants connections taken within 250 ms of start); gunicorn
     runs in a child process, forked before this one starts any thread."""
     listener = bind_public(config.port)
-    upstream_port = loopback_port()
+    reserved = reserve_loopback_port()
+    upstream_port: int = reserved.getsockname()[1]
     gunicorn_pid = os.fork()
     if gunicorn_pid == 0:
         listener.close()
+        reserved.close()  # this process's copy holds the port
         _Gunicorn(config, upstream_port).run()  # exits the process when gunicorn stops
-    sys.exit(run_intake(listener, upstream_port, config, gunicorn_pid))
+    with reserved:
+        sys.exit(run_intake(listener, upstream_port, config, gunicorn_pid))
 
 
 def run_intake(
