@@ -12,7 +12,9 @@ import pytest
 from tests.conftest import ROOT
 
 ITEMS = {1, 2, 3, 4, 5, 6, 7, 10, 11}  # item 9 needs both images: tests/image/test_tf_stack.py
-BENCH_TIMEOUT = 1200  # ~3 minutes on an idle 2-core machine, much longer when it is busy
+# ~210 CPU-seconds, most of it processes importing TensorFlow: 6 minutes at load average 7-18
+# on the 2-core machine, much longer when it is busier.
+BENCH_TIMEOUT = 1200
 
 
 @pytest.fixture(scope="module")
