@@ -11,6 +11,10 @@ import pytest
 
 from tests.conftest import ROOT
 
+# The slow tier (`make test-slow`, CI): about 30 processes that import TensorFlow, 350-600 s of
+# the 2-core machine; bench/'s logic is tested in the fast tier (tests/bench/test_bench_pure.py).
+pytestmark = pytest.mark.slow
+
 ITEMS = {1, 2, 3, 4, 5, 6, 7, 10, 11}  # item 9 needs both images: tests/image/test_tf_stack.py
 # ~210 CPU-seconds, most of it processes importing TensorFlow: 6 minutes at load average 7-18
 # on the 2-core machine, much longer when it is busier.
