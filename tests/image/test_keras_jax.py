@@ -37,6 +37,8 @@ from test_tf_stack import (  # noqa: F401
     tf_image,
 )
 
+from tests.container.test_watchdog import all_at_once
+
 pytestmark = pytest.mark.container
 
 SCRIPT = Path(__file__).parents[2] / "train" / "examples" / "keras_guide_script.py"
@@ -118,37 +120,6 @@ def test_a_process_that_raises_fails_the_job_naming_it(engine, tf_image, data, t
             "rank 1 on host algo-2 failed (exit code 1): ValueError: process 1 cannot parse its "
             "data (at keras_guide_script.py, line"
         ), failure(spec, host)
-
-
-def test_a_frozen_process_is_named_by_the_watchdog(engine, tf_image, data, tmp_path, code):
-    """The process on algo-1 waits in a collective for the frozen one and wants no CPU: the
-    launcher's watchdog ends the job within progress_timeout, naming the frozen process. JAX's
-    own heartbeat (100 s by default) would abort the waiting process first, as "rank 0 killed
-    by signal 6": the ranks get one longer than the watchdog's allowances (train.jax_heartbeat).
-    The threads of JAX's distributed runtime, awake every 10 ms whatever the process does, are
-    not counted as the waiting process's demand for the CPU (train.activity), else the job
-    would run on."""
-    spec = guide_spec(tmp_path, tf_image, data, epochs=100000, progress_timeout=120)
-    with compose_cluster(engine, spec, "keras-frozen", edit=add_code(code)) as cluster:
-        cluster.compose("up", "-d", capture=True, timeout=300)
-        wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
-        fault_at = time.time()
-        engine.run(
-            "exec", cluster.containers()["algo-2"], "pkill", "-STOP", "-f", "train.script_runner"
-        )
-        codes = cluster.wait_all_exited(240)
-        print(
-            "\nKeras 3 on JAX: SIGSTOP to algo-2's process, last exit "
-            f"{fault_seconds(engine, cluster, fault_at):.1f} s after it"
-        )
-        output, leader = logs(cluster), cluster.logs("algo-1")
-    assert codes == {"algo-1": 4, "algo-2": 4}, output
-    # said at the start: the stacks at the end push it out of `output`'s tails
-    assert "launcher: JAX's heartbeat timeout is 1860 s, not its default 100 s" in leader
-    reason = failure(spec, "algo-1")
-    assert reason.startswith("no progress for ") and "(progress_timeout 120 s)" in reason, reason
-    # once mpirun wakes the frozen process to end it, its stack joins the other's
-    assert re.search(r"rank 1 on algo-2|ranks 0, 1 on algo-1, algo-2", reason), reason
 
 
 def run_alone(engine, image, script: str, *environment: str) -> str:
@@ -243,34 +214,87 @@ def test_the_ranks_heartbeat_applies_to_keras_and_yields_to_the_scripts_own(engi
     ) in output, output[-3000:]
 
 
-@pytest.mark.parametrize(
-    "victim, codes, survivor, cause",
-    [
-        ("algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"),
-        ("algo-1", {"algo-1": 137, "algo-2": 3}, "algo-2", "lost contact with the leader algo-1: "),
-    ],
-)
-def test_a_killed_host_fails_the_job_naming_it(
-    engine, tf_image, data, tmp_path, code, victim, codes, survivor, cause
-):
-    """The survivor's JAX sees its peer's connection reset within seconds; the launcher names
-    the lost host, as on the other stacks."""
-    spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
-    exited, output = signal_in_epoch_3(engine, spec, code, "KILL", victim, "Keras 3 on JAX")
-    assert exited == codes, output
-    assert failure(spec, survivor).startswith(cause), failure(spec, survivor)
+def test_faults_end_the_job_naming_the_process(engine, tf_image, data, tmp_path, code):
+    """Four faults, each in a job of its own once the leader trains epoch 3, the jobs run at
+    once (all_at_once), each asserted on its own: the frozen process's job mostly waits out
+    progress_timeout (120 s), which the other three fill: one after another the four took
+    345 s, at once 196 s (a busy 2-core host).
 
+    - A frozen process: the process on algo-1 waits in a collective for the frozen one and
+      wants no CPU: the launcher's watchdog ends the job within progress_timeout, naming the
+      frozen process. JAX's own heartbeat (100 s by default) would abort the waiting process
+      first, as "rank 0 killed by signal 6": the ranks get one longer than the watchdog's
+      allowances (train.jax_heartbeat). The threads of JAX's distributed runtime, awake every
+      10 ms whatever the process does, are not counted as the waiting process's demand for
+      the CPU (train.activity), else the job would run on.
+    - A killed host (either): the survivor's JAX sees its peer's connection reset within
+      seconds; the launcher names the lost host, as on the other stacks.
+    - SageMaker's stop (SIGTERM): every process leaves (together, so JAX's shutdown barrier is
+      met at once) and both hosts report the stop."""
 
-def test_sigterm_stops_every_process_with_143(engine, tf_image, data, tmp_path, code):
-    """SageMaker's stop: every process leaves (together, so JAX's shutdown barrier is met at
-    once) and both hosts report the stop."""
-    spec = guide_spec(tmp_path, tf_image, data, epochs=100000)
-    codes, output = signal_in_epoch_3(engine, spec, code, "TERM", "algo-1", "Keras 3 on JAX")
-    assert codes == {"algo-1": 143, "algo-2": 143}, output
-    for host in HOSTS:
-        assert failure(spec, host).startswith("training was stopped by a signal"), failure(
-            spec, host
+    def frozen(name):
+        spec = guide_spec(tmp_path / name, tf_image, data, epochs=100000, progress_timeout=120)
+        with compose_cluster(engine, spec, "keras-frozen", edit=add_code(code)) as cluster:
+            cluster.compose("up", "-d", capture=True, timeout=300)
+            wait_for_log(cluster, "algo-1", "Epoch 3/", timeout=300)
+            fault_at = time.time()
+            engine.run(
+                "exec",
+                cluster.containers()["algo-2"],
+                "pkill",
+                "-STOP",
+                "-f",
+                "train.script_runner",
+            )
+            codes = cluster.wait_all_exited(240)
+            print(
+                "\nKeras 3 on JAX: SIGSTOP to algo-2's process, last exit "
+                f"{fault_seconds(engine, cluster, fault_at):.1f} s after it"
+            )
+            output, leader = logs(cluster), cluster.logs("algo-1")
+        assert codes == {"algo-1": 4, "algo-2": 4}, output
+        # said at the start: the stacks at the end push it out of `output`'s tails
+        assert "launcher: JAX's heartbeat timeout is 1860 s, not its default 100 s" in leader
+        reason = failure(spec, "algo-1")
+        assert reason.startswith("no progress for ") and "(progress_timeout 120 s)" in reason, (
+            reason
         )
+        # once mpirun wakes the frozen process to end it, its stack joins the other's
+        assert re.search(r"rank 1 on algo-2|ranks 0, 1 on algo-1, algo-2", reason), reason
+
+    def killed(victim, codes, survivor, cause):
+        def case(name):
+            spec = guide_spec(tmp_path / name, tf_image, data, epochs=100000)
+            exited, output = signal_in_epoch_3(engine, spec, code, "KILL", victim, "Keras 3 on JAX")
+            assert exited == codes, output
+            assert failure(spec, survivor).startswith(cause), failure(spec, survivor)
+
+        return case
+
+    def sigterm(name):
+        spec = guide_spec(tmp_path / name, tf_image, data, epochs=100000)
+        codes, output = signal_in_epoch_3(engine, spec, code, "TERM", "algo-1", "Keras 3 on JAX")
+        assert codes == {"algo-1": 143, "algo-2": 143}, output
+        for host in HOSTS:
+            assert failure(spec, host).startswith("training was stopped by a signal"), failure(
+                spec, host
+            )
+
+    all_at_once(
+        {
+            "a frozen process is named by the watchdog": frozen,
+            "a killed worker host is named": killed(
+                "algo-2", {"algo-1": 3, "algo-2": 137}, "algo-1", "lost contact with host algo-2"
+            ),
+            "a killed leader host is named": killed(
+                "algo-1",
+                {"algo-1": 137, "algo-2": 3},
+                "algo-2",
+                "lost contact with the leader algo-1: ",
+            ),
+            "SIGTERM stops every process with 143": sigterm,
+        }
+    )
 
 
 # A user's script with the checkpoint helper (train.resumable), on Keras 3 over JAX
