@@ -288,12 +288,14 @@ class ShardedCheckpoints:
                 CheckpointStore.restore(whole, folder)
 
         found = newest_usable(directory, readable, log) if leader else None
-        found = self.mpi.broadcast_object(found, name="resumed")
-        if found is not None:
-            if is_sharded(found[0]):
-                restore_variables(found[0], self.variables)
-            else:
-                self.mpi.broadcast_variables(self.variables, whole.loaded)
+        # which kind it is, as the leader sees it: another host's copy may hold stray files
+        found, sharded = self.mpi.broadcast_object(
+            (found, found is not None and is_sharded(found[0])), name="resumed"
+        )
+        if sharded:
+            restore_variables(found[0], self.variables)
+        elif found is not None:
+            self.mpi.broadcast_variables(self.variables, whole.loaded)
         return found
 
 

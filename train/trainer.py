@@ -7,7 +7,8 @@ training is distributed are marked `# distributed:`; how the ranks synchronise (
 TensorFlow 2.21 image TensorFlow's MultiWorkerMirroredStrategy, or Keras 3's
 keras.distribution on JAX) is train.sync's, and which Keras builds the model is
 train.framework's. Only the leader (rank 0, `Trainer.leader`) prints and keeps checkpoints and
-the model; every rank computes.
+the model, except that each process writes its own shards of a model split across processes
+(train.checkpoints: who writes what); every rank computes.
 """
 
 from __future__ import annotations

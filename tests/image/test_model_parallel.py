@@ -25,7 +25,7 @@ from conftest import (
     restart,
 )
 from test_keras_trainer import ON_JAX, final_arrays, run_job
-from test_tf_stack import stop_the_leader_in_epoch_2, tf_image  # noqa: F401
+from test_tf_stack import HOSTS, stop_the_leader_in_epoch_2, tf_image  # noqa: F401
 
 from scripts import local_cluster
 from train.sharded_checkpoint import read_manifest, read_whole
@@ -203,32 +203,52 @@ def test_a_model_split_across_hosts_restarts_a_killed_process_and_ends_as_never_
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
 
 
-def test_a_job_run_again_with_the_model_axis_inside_each_host_resumes_from_the_shards(
-    engine, tf_image, data, tmp_path, split
-):
-    """Another mesh: the split job's checkpoints, restored into every host as S3 restores the
-    hosts' merged prefix, resumed by the same job with model_parallel=2 (each process now
-    holds a whole replica, so the leader's whole checkpoint) and one more epoch: the leader
-    reads the whole model from both hosts' shards, every process assigns it, and the job
-    goes on from the end of epoch 3."""
-    spec = spec_of(tmp_path, tf_image, data, 2, 2, model_parallel=2, **ACCUMULATE, epochs=4)
-    with compose_cluster(engine, spec, "mpreshard") as cluster:
-        for host in spec.host_names:
-            for written_on in split.host_names:
-                shutil.copytree(
-                    local_cluster.host_paths(split, written_on).checkpoint_dir,
-                    local_cluster.host_paths(spec, host).checkpoint_dir,
-                    dirs_exist_ok=True,
-                )
+def run_on_checkpoints(engine, spec, name: str, checkpoints: dict[str, list]) -> str:
+    """Run `spec` with each host's checkpoint folder holding the union of the folders listed
+    for it (as S3 restores a prefix); the leader's log, once every host exited 0."""
+    with compose_cluster(engine, spec, name) as cluster:
+        for host, sources in checkpoints.items():
+            for source in sources:
+                target = local_cluster.host_paths(spec, host).checkpoint_dir
+                shutil.copytree(source, target, dirs_exist_ok=True)
         cluster.compose("up", "-d", capture=True, timeout=300)
         codes = cluster.wait_all_exited(600)
         leader = cluster.logs("algo-1")
     assert codes == {"algo-1": 0, "algo-2": 0}, leader[-3000:]
+    return leader
+
+
+def test_a_job_run_again_on_another_mesh_resumes_from_either_kind_of_checkpoint(
+    engine, tf_image, data, tmp_path, split
+):
+    """Another mesh, both ways. The split job's checkpoints, in every host as S3 restores the
+    hosts' merged prefix, resumed with model_parallel=2 (each process now holds a whole
+    replica: the leader's whole checkpoint) and one more epoch: the leader reads the whole
+    model from both hosts' shards. That job's whole checkpoint resumed with model_parallel=4
+    again and one more epoch: the leader reads it, every process keeps its own pieces, and the
+    new checkpoints are sharded again."""
+    # a global batch of 64 keeps an accumulating optimizer on both meshes (2 replicas x 2
+    # micro-batches, then 1 x 4): the same variables, which the leader's .npz holds by order
+    batches = {**ACCUMULATE, "global_batch_size": 64}
+    written = [local_cluster.host_paths(split, host).checkpoint_dir for host in split.host_names]
+    inside = spec_of(tmp_path / "in", tf_image, data, 2, 2, model_parallel=2, **batches, epochs=4)
+    leader = run_on_checkpoints(engine, inside, "mpreshard", {h: written for h in HOSTS})
     resumed = "trainer: resumed from /opt/ml/checkpoints/epoch-000003 at epoch 4\n"
     assert resumed in leader, leader[-3000:]
     assert "trainer: training from epoch 4 to the end of epoch 4" in leader
+    assert "2 data-parallel replica(s) of 2 devices x 2 accumulated micro-batch(es)" in leader
     assert "the model is split across processes" not in leader
-    assert host_files(spec, "algo-1", "epoch-000004") == ["ckpt.npz", "state.json"]
+    assert host_files(inside, "algo-1", "epoch-000004") == ["ckpt.npz", "state.json"]
+
+    whole = [local_cluster.host_paths(inside, "algo-1").checkpoint_dir]
+    across = spec_of(tmp_path / "out", tf_image, data, 2, 2, model_parallel=4, **batches, epochs=5)
+    leader = run_on_checkpoints(engine, across, "mpunshard", {h: whole for h in HOSTS})
+    resumed = "trainer: resumed from /opt/ml/checkpoints/epoch-000004 at epoch 5\n"
+    assert resumed in leader, leader[-3000:]
+    assert "trainer: the model is split across processes" in leader
+    for host in HOSTS:
+        own = [f"{OWN[host]}.json", f"{OWN[host]}.npz"]
+        assert host_files(across, host, "epoch-000005")[:2] == own, host
 
 
 def test_a_model_axis_inside_each_host_makes_two_replicas(engine, tf_image, data, tmp_path):
