@@ -50,6 +50,9 @@ def mlflow_server(tmp_path_factory):
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # MLflow 3's server also starts a pool of job consumers (huey: five processes) for
+        # features the job never uses; they cost the machine CPU and the teardown its time
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + SERVER_START
