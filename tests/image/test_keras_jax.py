@@ -194,6 +194,7 @@ for run in runs:
 """
 
 
+@pytest.mark.slow
 def test_the_ranks_heartbeat_applies_to_keras_and_yields_to_the_scripts_own(engine, tf_image):
     """keras.distribution.initialize() under the hook takes the planned heartbeat (5 s here:
     the process left waiting is aborted within seconds, not after JAX's 100 s), said once, by
@@ -214,6 +215,7 @@ def test_the_ranks_heartbeat_applies_to_keras_and_yields_to_the_scripts_own(engi
     ) in output, output[-3000:]
 
 
+@pytest.mark.slow
 def test_faults_end_the_job_naming_the_process(engine, tf_image, data, tmp_path, code):
     """Four faults, each in a job of its own once the leader trains epoch 3, the jobs run at
     once (all_at_once), each asserted on its own: the frozen process's job mostly waits out
@@ -346,7 +348,7 @@ print("trained to the end", flush=True)
 """
 
 
-@pytest.mark.parametrize("stack", ["jax", "mwms"])
+@pytest.mark.parametrize("stack", ["jax", pytest.param("mwms", marks=pytest.mark.slow)])
 def test_a_script_with_the_checkpoint_helper_resumes_after_a_stop(
     engine, tf_image, data, tmp_path, stack
 ):

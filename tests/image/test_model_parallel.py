@@ -173,6 +173,7 @@ def test_a_model_split_across_hosts_stopped_mid_epoch_resumes_from_its_shards(
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7, err_msg=f"array {index}")
 
 
+@pytest.mark.slow
 def test_a_model_split_across_hosts_restarts_a_killed_process_and_ends_as_never_killed(
     engine, tf_image, data, tmp_path, split
 ):
@@ -218,6 +219,7 @@ def run_on_checkpoints(engine, spec, name: str, checkpoints: dict[str, list]) ->
     return leader
 
 
+@pytest.mark.slow
 def test_a_job_run_again_on_another_mesh_resumes_from_either_kind_of_checkpoint(
     engine, tf_image, data, tmp_path, split
 ):

@@ -27,6 +27,7 @@ from test_tf_stack import HOSTS, tf_image  # noqa: F401
 pytestmark = pytest.mark.container
 
 
+@pytest.mark.slow
 def test_a_model_split_across_processes_saves_per_host_and_restores_into_any_mesh(engine, tf_image):
     result = run_offline(
         engine, tf_image, "python", "-m", "train.examples.sharded_checkpoint_check", timeout=900
