@@ -31,7 +31,8 @@ test-slow:
 	bash scripts/test_phases.sh slow
 
 ## Lint and types (the first phase of `make test`): ruff's rules and formatting (pyproject.toml),
-## then mypy, strict on job/, container/, sagemaker_ops/, serve/ and bench/ ([tool.mypy] files).
+## then mypy: strict on job/, container/, sagemaker_ops/, serve/ and bench/, the bodies of train/
+## and scripts/ checked too ([tool.mypy] in pyproject.toml).
 ## `ruff check --fix . && ruff format .` fixes most.
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -111,7 +111,7 @@ class Pulse:
             clock, before = now, after
             if cores >= BUSY_CORES:
                 line = active_line(cores)
-            elif (waiting := io_wait(threading.main_thread().native_id)) is not None:
+            elif (waiting := io_wait(threading.main_thread().native_id or 0)) is not None:
                 line = active_line(cores, waiting)
             else:
                 continue
@@ -203,7 +203,7 @@ def excluding_new_threads(function: Callable) -> Callable:
         finally:
             Pulse.excluded |= thread_ids() - before
 
-    call.excludes_new_threads = True
+    call.excludes_new_threads = True  # type: ignore[attr-defined]  # read by the getattr()s below
     return call
 
 
@@ -241,5 +241,5 @@ def exclude_jax_threads(jax: Any) -> None:
         distributed.initialize = excluding_new_threads(distributed.initialize)
     native = getattr(getattr(getattr(jax, "_src", None), "lib", None), "_jax", None)
     gloo = getattr(native, "make_gloo_tcp_collectives", None)
-    if gloo is not None and not getattr(gloo, "excludes_new_threads", False):
+    if native is not None and gloo is not None and not getattr(gloo, "excludes_new_threads", False):
         native.make_gloo_tcp_collectives = excluding_new_threads(gloo)

@@ -84,14 +84,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             self.busy = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        execute, callback = spec.loader.exec_module, self.callback
+        loader, callback = spec.loader, self.callback
+        execute = loader.exec_module
 
         def exec_module(module: Any) -> None:
             execute(module)
-            del spec.loader.exec_module  # the loader's own again
+            del loader.exec_module  # the loader's own again
             callback(module)
 
-        spec.loader.exec_module = exec_module  # this spec's loader only
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's loader only
         return spec
 
 

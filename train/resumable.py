@@ -210,8 +210,9 @@ class Checkpoints:
             )
         )
         checkpoints = self
+        callback: Any = keras.callbacks.Callback  # of the Keras imported above
 
-        class SaveCheckpoints(keras.callbacks.Callback):
+        class SaveCheckpoints(callback):
             def on_train_begin(self, logs=None):
                 StopRequest.arm()
 

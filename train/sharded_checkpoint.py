@@ -480,7 +480,7 @@ def transfers(held: Sequence[dict[str, int]]) -> list[Transfer]:
     largest size (a shorter copy is a partial one), in one order that every process computes
     alike. Processes sharing a disk all lack the same files, and each writes its copy."""
     names = sorted(set().union(*held))
-    plan = []
+    plan: list[Transfer] = []
     for name in names:
         largest = max(files.get(name, -1) for files in held)
         source = next(p for p, files in enumerate(held) if files.get(name) == largest)
@@ -539,7 +539,8 @@ def save_arrays(folder: Path, named: Sequence[tuple[str, Any]]) -> ProcessIndex:
     from train.jax_arrays import local_pieces
 
     process, processes = jax.process_index(), jax.process_count()
-    variables, blocks = [], []
+    variables: list[VariableSpec] = []
+    blocks: list[tuple[str, Region, np.ndarray]] = []
     for name, array in named:
         shape = tuple(array.shape)
         variables.append(VariableSpec(name, shape, np.dtype(array.dtype).name))

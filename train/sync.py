@@ -491,6 +491,7 @@ def shard_digests(variables: list[Variable]) -> dict[tuple[int, Any], str]:
     """(variable index, piece) -> digest of each piece of `variables` this process holds (the
     whole of a variable held whole): ranks holding the same piece must agree on it."""
     digests: dict[tuple[int, Any], str] = {}
+    pieces: dict[Any, str]  # by piece of the array, or "whole"
     for index, variable in enumerate(variables):
         array = getattr(variable, "value", None)
         if array is not None and hasattr(array, "addressable_data"):
