@@ -238,13 +238,15 @@ def test_each_missing_file_comes_from_the_lowest_holder_of_its_whole_copy():
 
 
 SHARE = """
-import sys
+import os, sys
 from pathlib import Path
 from mpi4py import MPI
 from train import sharded_checkpoint
 sharded_checkpoint.CHUNK = 1000  # several pieces per file
 folder = Path(sys.argv[1 + MPI.COMM_WORLD.Get_rank()])
-print("RECEIVED", MPI.COMM_WORLD.Get_rank(), sharded_checkpoint.share_files(folder, MPI.COMM_WORLD))
+received = sharded_checkpoint.share_files(folder, MPI.COMM_WORLD)
+# one write per line: the two processes share the pipe, and print() writes its pieces apart
+os.write(1, f"RECEIVED {MPI.COMM_WORLD.Get_rank()} {received}\\n".encode())
 """
 
 
