@@ -50,7 +50,7 @@ from mpi4py import MPI
 from job.errors import ConfigError
 from job.mesh import Mesh
 from job.trainer_config import JAX
-from train import jax_arrays, jax_heartbeat
+from train import activity, jax_arrays, jax_heartbeat
 from train.jax_arrays import agree_fits, local_whole, nbytes, whole_value
 from train.layouts import auto_model_parallel
 from train.rank import emit
@@ -355,8 +355,10 @@ class KerasOnJax(OverMpi, Sync):
         import jax
         import keras
 
-        # JAX's heartbeat longer than the watchdog's, so that the watchdog names a frozen process
+        # JAX's heartbeat longer than the watchdog's, and its runtime's timer threads out of the
+        # pulse, so that the watchdog names a frozen process (as keras_script does for scripts)
         jax_heartbeat.lengthen(jax, lambda text: emit(f"trainer: {text}"))
+        activity.exclude_jax_threads(jax)
         keras.distribution.initialize()  # every process of the job, from the launcher's plan
         self.mesh = Mesh(jax.process_count(), jax.local_device_count(), model_parallel)
         problem = self.mesh.problem()
