@@ -1,4 +1,5 @@
-"""The GPU check: one Keras 3 / JAX job through the launcher, then the same job bare.
+"""The GPU check: one Keras 3 / JAX job through the launcher, then the same job bare; then
+the same pair with the model split over all the machine's devices.
 
     python scripts/gpu_check.py [--workdir DIR] [--epochs 4] [--samples 32768]
                                 [--global-batch 512] [--width 64] [--timeout 240]
@@ -12,10 +13,18 @@ distribution guide that times its own epochs), run twice:
    script-mode job of the SageMaker tree written here: mpirun, the rank wrapper with its
    watchdog pulse, script mode's SM_* environment and KERAS_DISTRIBUTION_* for the guide's
    `initialize()`, one process on the host's one GPU;
-2. bare: `python script.py` with KERAS_BACKEND=jax, nothing of ours.
+2. bare: `python script.py` with KERAS_BACKEND=jax, nothing of the launcher's (the script
+   takes only pure functions from job.mesh and train.layouts).
 
-It prints both samples/s and their ratio (target >= 0.95). Exit 0 when both runs trained on the
-same platform and device count, the launched one as one process of one, else 1; the ratio is
+It prints both samples/s and their ratio (target >= 0.95). Then, where the machine has 2 or
+more devices, the same two runs with `--model-parallel` all of them (one model axis over every
+GPU, train.layouts' automatic layout: docs/model-parallel.md's model parallelism on GPUs),
+and prints their samples/s, ratio and what the model weighs per device against the data-parallel
+runs'; with one device it says why it skips them. On a CPU, XLA_FLAGS'
+`--xla_force_host_platform_device_count=N` gives the runs N devices.
+
+Exit 0 when each pair trained on the same platform and device count, the launched run as one
+process of one, and the model-parallel pair split the model alike, else 1; the ratios are
 reported, not judged (timing is no test). What the machine lacks (mpirun, Keras) is named first.
 """
 
@@ -44,6 +53,12 @@ STOP_SECONDS = 60  # the launcher's stop grace (30 s) and its report
 _THROUGHPUT = re.compile(r"THROUGHPUT ([\d.]+)")
 _PROCESSES = re.compile(r"PROCESSES (\d+)")
 _DEVICES = re.compile(r"DEVICES (\w+) (\d+)")
+# train.layouts.footprint's line: "<count> parameters, <whole>; <per device> per device over a
+# model axis of <M>"
+_FOOTPRINT = re.compile(
+    r"FOOTPRINT (.+ parameters, (.+); (.+) per device over a model axis of (\d+))"
+)
+MODEL_PARALLEL = "model parallel"  # the second pair's runs are named "launched model parallel"
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,11 @@ class Run:
     @property
     def devices(self) -> tuple[str, ...] | None:
         return self.found(_DEVICES)
+
+    @property
+    def footprint(self) -> tuple[str, ...] | None:
+        """(the whole line, whole bytes, bytes per device, the model axis)"""
+        return self.found(_FOOTPRINT)
 
     @property
     def processes(self) -> int | None:
@@ -89,12 +109,13 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def script_arguments(args: argparse.Namespace) -> dict[str, str]:
+def script_arguments(args: argparse.Namespace, model_parallel: int = 1) -> dict[str, str]:
     return {
         "epochs": str(args.epochs),
         "samples": str(args.samples),
         "global-batch": str(args.global_batch),
         "width": str(args.width),
+        **({"model-parallel": str(model_parallel)} if model_parallel > 1 else {}),
     }
 
 
@@ -171,6 +192,14 @@ class Comparison:
     launched: float  # samples/s
     bare: float
     devices: tuple[str, ...]  # (platform, device count), the same for both runs
+    footprint: tuple[str, ...] | None  # Run.footprint, the same for both runs
+
+    def throughput(self) -> str:
+        ratio = self.launched / self.bare
+        return (
+            f"launched {self.launched:,.0f} samples/s, bare {self.bare:,.0f} samples/s, ratio "
+            f"{ratio:.3f} (target >= {TARGET_RATIO}: {'met' if ratio >= TARGET_RATIO else 'NOT met'})"
+        )
 
 
 def verdict(launched: Run, bare: Run) -> Comparison | list[str]:
@@ -187,14 +216,104 @@ def verdict(launched: Run, bare: Run) -> Comparison | list[str]:
         f"{r.name} printed no THROUGHPUT line" for r in (launched, bare) if r.throughput is None
     ]
     if launched.processes != 1:
-        problems.append(f"launched: JAX ran with {launched.processes} processes, not 1")
+        problems.append(f"{launched.name}: JAX ran with {launched.processes} processes, not 1")
     if devices != bare.devices:
-        problems.append(f"launched trained on {devices}, bare on {bare.devices}")
+        problems.append(f"{launched.name} trained on {devices}, {bare.name} on {bare.devices}")
     elif devices is None:
-        problems.append("neither run printed a DEVICES line")
+        problems.append(f"neither {launched.name} nor {bare.name} printed a DEVICES line")
+    if launched.footprint != bare.footprint:
+        problems.append(
+            f"{launched.name}'s model weighed {launched.footprint}, {bare.name}'s {bare.footprint}"
+        )
     if problems or launched_rate is None or bare_rate is None or devices is None:
         return problems  # a value is None only where a problem above names it
-    return Comparison(launched_rate, bare_rate, devices)
+    return Comparison(launched_rate, bare_rate, devices, launched.footprint)
+
+
+def split_problems(whole: Comparison, split: Comparison, model_parallel: int) -> list[str]:
+    """What is wrong with the model-parallel pair (`split`) beside the data-parallel one."""
+    if split.devices != whole.devices:
+        return [f"the {MODEL_PARALLEL} runs trained on {split.devices}, not {whole.devices}"]
+    if split.footprint is None:
+        return [f"the {MODEL_PARALLEL} runs printed no FOOTPRINT line"]
+    _, total, per_device, axis = split.footprint
+    if int(axis) != model_parallel:
+        return [f"the {MODEL_PARALLEL} runs' model axis was {axis}, not {model_parallel}"]
+    if per_device == total:
+        return [f"the {MODEL_PARALLEL} runs split none of the model: {split.footprint[0]}"]
+    return []
+
+
+def run_pair(args: argparse.Namespace, workdir: Path, model_parallel: int) -> tuple[Run, Run]:
+    """The job through the launcher, then bare, with a model axis of `model_parallel`; the
+    model-parallel pair's names, job tree, logs and bare model folder say so."""
+    tag, name = ("", "") if model_parallel == 1 else ("-model-parallel", f" {MODEL_PARALLEL}")
+    arguments = script_arguments(args, model_parallel)
+    paths = write_job(workdir / f"ml{tag}", arguments)
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
+    launched = run(
+        f"launched{name}",
+        [sys.executable, "-m", "container.train_cli", "--ml-root", str(paths.root)],
+        env,
+        args.timeout,
+        workdir / f"launched{tag}.log",
+    )
+    model_dir = workdir / f"bare{tag}-model"
+    model_dir.mkdir(exist_ok=True)
+    bare_arguments = [token for key, value in arguments.items() for token in (f"--{key}", value)]
+    bare = run(
+        f"bare{name}",
+        [sys.executable, str(SCRIPT), *bare_arguments, "--model-dir", str(model_dir)],
+        {**env, "KERAS_BACKEND": "jax"},
+        args.timeout,
+        workdir / f"bare{tag}.log",
+    )
+    return launched, bare
+
+
+def failed(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"gpu check: FAILED: {problem}", flush=True)
+    return 1
+
+
+def check(args: argparse.Namespace, workdir: Path) -> int:
+    """Both pairs of runs and what they measured (main's exit status)."""
+    result = verdict(*run_pair(args, workdir, 1))
+    if isinstance(result, list):
+        return failed(result)
+    platform, count = result.devices
+    print(
+        f"gpu check: {platform} x{count}, global batch {args.global_batch}, "
+        f"{args.samples} samples x {args.epochs} epochs (the first not timed)"
+    )
+    print(f"gpu check: {result.throughput()}", flush=True)
+    devices = int(count)
+    if devices < 2:
+        print(
+            f"gpu check: {MODEL_PARALLEL}: skipped: the machine has {devices} {platform} "
+            "device and a model axis needs 2 or more (on a CPU, XLA_FLAGS="
+            "--xla_force_host_platform_device_count=N gives N)",
+            flush=True,
+        )
+        return 0
+    split = verdict(*run_pair(args, workdir, devices))
+    if isinstance(split, list):
+        return failed(split)
+    problems = split_problems(result, split, devices)
+    if problems or split.footprint is None:
+        return failed(problems)
+    data_parallel = (
+        f" (data parallel: {result.footprint[2]} per device)" if result.footprint else ""
+    )
+    print(
+        f"gpu check: {MODEL_PARALLEL}: the same job, its model split over all {devices} "
+        f"{platform} devices (a model axis of {devices}, one data-parallel replica)"
+    )
+    print(f"gpu check: {MODEL_PARALLEL}: {split.throughput()}")
+    print(f"gpu check: {MODEL_PARALLEL}: {split.footprint[0]}{data_parallel}", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,54 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     try:
-        paths = write_job(workdir / "ml", script_arguments(args))
-        python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
-        launched = run(
-            "launched",
-            [sys.executable, "-m", "container.train_cli", "--ml-root", str(paths.root)],
-            env,
-            args.timeout,
-            workdir / "launched.log",
-        )
-        (workdir / "bare-model").mkdir(exist_ok=True)
-        bare_arguments = [
-            token for key, value in script_arguments(args).items() for token in (f"--{key}", value)
-        ]
-        bare = run(
-            "bare",
-            [
-                sys.executable,
-                str(SCRIPT),
-                *bare_arguments,
-                "--model-dir",
-                str(workdir / "bare-model"),
-            ],
-            {**env, "KERAS_BACKEND": "jax"},
-            args.timeout,
-            workdir / "bare.log",
-        )
+        return check(args, workdir)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    result = verdict(launched, bare)
-    if isinstance(result, list):
-        for problem in result:
-            print(f"gpu check: FAILED: {problem}", flush=True)
-        return 1
-    ratio = result.launched / result.bare
-    platform, count = result.devices
-    print(
-        f"gpu check: {platform} x{count}, global batch {args.global_batch}, "
-        f"{args.samples} samples x {args.epochs} epochs (the first not timed)"
-    )
-    print(
-        f"gpu check: launched {result.launched:,.0f} samples/s, bare "
-        f"{result.bare:,.0f} samples/s, ratio {ratio:.3f} (target >= {TARGET_RATIO}: "
-        f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})",
-        flush=True,
-    )
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,9 +17,16 @@ WHEELS = VENV / "wheels"
 SMALL = ["--samples", "2048", "--width", "8", "--epochs", "3"]
 
 
-def gpu_check(*arguments: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """scripts/gpu_check.sh with .venv-gpu's python3 first on PATH, as the lent machine's."""
-    env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+def gpu_check(
+    *arguments: str, timeout: float = 300, devices: int = 1
+) -> subprocess.CompletedProcess:
+    """scripts/gpu_check.sh with .venv-gpu's python3 first on PATH, as the lent machine's, and
+    `devices` CPU devices in each JAX process (the lent machine's GPUs)."""
+    env = {
+        **os.environ,
+        "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
     env.pop("PYTHONPATH", None)
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *arguments],
@@ -61,6 +68,11 @@ def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp
     launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
     assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
     assert "gpu check: cpu x1, global batch 512, 2048 samples x 3 epochs" in done.stdout
+    assert (
+        "gpu check: model parallel: skipped: the machine has 1 cpu device and a model axis "
+        "needs 2 or more"
+    ) in done.stdout, done.stdout
+    assert not (tmp_path / "launched-model-parallel.log").exists()
     through = (tmp_path / "launched.log").read_text()
     # the launcher's mpirun is Open MPI 5's (the carried wheel), its rank tagged in the output
     assert "launcher: running: mpirun --allow-run-as-root" in through, through[-3000:]
@@ -72,6 +84,54 @@ def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp
     assert "could not initialize the distribution" in alone  # the guide's try/except, bare
     assert "PROCESSES 1" in alone and "launcher" not in alone
     assert (tmp_path / "bare-model" / "model.keras").is_file()
+
+
+def kilobytes(text: str) -> float:
+    """train.layouts.megabytes' '9.0 kB' or '1.2 MB' in kB."""
+    number, unit = text.split()
+    return float(number) * {"kB": 1, "MB": 1000}[unit]
+
+
+@pytest.mark.slow
+def test_the_check_also_splits_the_model_over_all_devices_through_the_launcher_and_bare(
+    tmp_path,
+):
+    done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL, devices=2)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu check: cpu x2, global batch 512, 2048 samples x 3 epochs" in done.stdout
+    assert re.search(r"^gpu check: launched [\d,]+ samples/s, bare ", done.stdout, re.M)
+    assert (
+        "gpu check: model parallel: the same job, its model split over all 2 cpu devices "
+        "(a model axis of 2, one data-parallel replica)"
+    ) in done.stdout, done.stdout
+    summary = re.search(
+        r"^gpu check: model parallel: launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, "
+        r"ratio ([\d.]+)",
+        done.stdout,
+        re.M,
+    )
+    assert summary, done.stdout
+    launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
+    assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
+    weighs = re.search(
+        r"^gpu check: model parallel: ([\d.]+K) parameters, ([\d.]+ [kM]B); ([\d.]+ [kM]B) per "
+        r"device over a model axis of 2 \(data parallel: ([\d.]+ [kM]B) per device\)$",
+        done.stdout,
+        re.M,
+    )
+    assert weighs, done.stdout
+    whole, per_device, data_parallel = (kilobytes(text) for text in weighs.groups()[1:])
+    # every kernel is split in two; the biases (a few dozen floats) stay whole on each device
+    assert whole == data_parallel and whole / 2 <= per_device < 0.6 * whole, weighs.group(0)
+    through = (tmp_path / "launched-model-parallel.log").read_text()
+    assert re.search(r"^\[1,0\]<stdout>: ?PROCESSES 1$", through, re.M), through[-3000:]
+    assert re.search(r"<stdout>: ?DEVICES cpu 2$", through, re.M), through[-3000:]
+    assert "launcher: job completed" in through
+    assert "matched no variable" not in through and "sharded none" not in through
+    assert (tmp_path / "ml-model-parallel" / "model" / "model.keras").is_file()
+    alone = (tmp_path / "bare-model-parallel.log").read_text()
+    assert "DEVICES cpu 2" in alone and "launcher" not in alone
+    assert (tmp_path / "bare-model-parallel-model" / "model.keras").is_file()
 
 
 def test_a_machine_without_the_carried_wheels_is_told_what_it_lacks():

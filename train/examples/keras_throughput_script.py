@@ -4,9 +4,15 @@ the job `scripts/gpu_check.py` runs through the launcher and bare. It needs only
 seed, the same on every process, and each process feeds its slice of every global batch
 (`DataParallel(auto_shard_dataset=False)`: Keras splits only tf.data datasets itself).
 
+`--model-parallel M` (> 1) splits the model over M devices instead: a (data, model) mesh of all
+devices and train.layouts.auto_model_parallel's layout (the model ships none), the one line
+docs/tensorflow-2.21.md gives scripts; processes that a model axis spans feed the same slice
+(job.mesh's arithmetic, as the built-in trainer's).
+
 It prints `THROUGHPUT <samples/s>` (process 0; every epoch but the first, which compiles),
-`PROCESSES <count>` and `DEVICES <platform> <count>`. Run bare, `initialize()` finds no cluster
-and the guide's try/except goes on with one process.
+`PROCESSES <count>`, `DEVICES <platform> <count>` and `FOOTPRINT <what the model weighs, whole
+and per device>` (train.layouts.footprint, the built-in trainer's line: script mode logs none).
+Run bare, `initialize()` finds no cluster and the guide's try/except goes on with one process.
 """
 
 import argparse
@@ -17,11 +23,15 @@ import jax
 import keras
 import numpy as np
 
+from job.mesh import Mesh
+from train import layouts
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--samples", type=int, default=32768)
 parser.add_argument("--global-batch", type=int, default=512)
 parser.add_argument("--width", type=int, default=64, help="filters of the first convolution")
+parser.add_argument("--model-parallel", type=int, default=1, help="the mesh's model axis")
 parser.add_argument("--model-dir", default=os.environ.get("SM_MODEL_DIR"))
 args, _ = parser.parse_known_args()
 
@@ -31,18 +41,30 @@ except Exception as error:  # as the guide does
     print(f"could not initialize the distribution: {error}", flush=True)
 process, processes = jax.process_index(), jax.process_count()
 devices = keras.distribution.list_devices()
-keras.distribution.set_distribution(
-    keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
-)
+mesh = Mesh(processes, jax.local_device_count(), args.model_parallel)
+if problem := mesh.problem():
+    raise SystemExit(problem)
+if args.model_parallel == 1:
+    distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+else:
+    distribution = layouts.auto_model_parallel(
+        keras.distribution.DeviceMesh(
+            (mesh.replicas, mesh.model_parallel), ["batch", "model"], devices
+        ),
+        batch_dim_name="batch",
+        auto_shard_dataset=False,
+    )
+keras.distribution.set_distribution(distribution)
 print(f"PROCESSES {processes}", flush=True)
 print(f"DEVICES {jax.devices()[0].platform} {len(devices)}", flush=True)
 
 random = np.random.default_rng(7)
 pictures = random.random((args.samples, 32, 32, 3), dtype=np.float32)
 labels = (pictures[:, ::4, ::4, 0].mean(axis=(1, 2)) * 10).astype(np.int32).clip(0, 9)
-local_batch = args.global_batch // processes
+local_batch = args.global_batch // mesh.readers
 steps = args.samples // args.global_batch
-mine = np.arange(steps * args.global_batch).reshape(steps, processes, local_batch)[:, process]
+mine = np.arange(steps * args.global_batch).reshape(steps, mesh.readers, local_batch)
+mine = mine[:, mesh.reader(process)]
 pictures, labels = pictures[mine.ravel()], labels[mine.ravel()]
 
 
@@ -74,6 +96,20 @@ model = keras.Sequential(
         keras.layers.Dense(10),
     ]
 )
+device_mesh = distribution.device_mesh
+footprint = layouts.footprint(
+    (
+        (
+            weight.shape,
+            np.dtype(weight.dtype).itemsize,
+            tuple(getattr(weight.value.sharding, "spec", ())),
+        )
+        for weight in model.weights
+    ),
+    dict(zip(device_mesh.axis_names, device_mesh.shape)),
+    "model",
+)
+print(f"FOOTPRINT {footprint}", flush=True)
 model.compile(
     optimizer=keras.optimizers.Adam(0.001),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
