@@ -129,6 +129,7 @@ def merge_hosts_checkpoints(spec) -> None:
                 shutil.copytree(source, target, dirs_exist_ok=True)
 
 
+@pytest.mark.slow
 def test_a_script_with_a_model_split_across_hosts_resumes_from_merged_sharded_checkpoints(
     engine, tf_image, data, tmp_path
 ):
