@@ -57,16 +57,24 @@ def machine_like_the_lent_one():
     assert bare.stdout.strip() == "[]", bare.stdout
 
 
+def assert_throughputs(stdout: str, line_start: str) -> None:
+    """The line starting `line_start` gives both runs' samples/s and their ratio, consistent."""
+    summary = re.search(
+        rf"^{re.escape(line_start)}launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, "
+        r"ratio ([\d.]+)",
+        stdout,
+        re.M,
+    )
+    assert summary, stdout
+    launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
+    assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
+
+
 @pytest.mark.slow
 def test_the_check_trains_through_the_launcher_and_bare_and_prints_the_ratio(tmp_path):
     done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = re.search(
-        r"launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, ratio ([\d.]+)", done.stdout
-    )
-    assert summary, done.stdout
-    launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
-    assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
+    assert_throughputs(done.stdout, "gpu check: ")
     assert "gpu check: cpu x1, global batch 512, 2048 samples x 3 epochs" in done.stdout
     assert (
         "gpu check: model parallel: skipped: the machine has 1 cpu device and a model axis "
@@ -99,20 +107,12 @@ def test_the_check_also_splits_the_model_over_all_devices_through_the_launcher_a
     done = gpu_check("run", str(WHEELS), "--workdir", str(tmp_path), *SMALL, devices=2)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "gpu check: cpu x2, global batch 512, 2048 samples x 3 epochs" in done.stdout
-    assert re.search(r"^gpu check: launched [\d,]+ samples/s, bare ", done.stdout, re.M)
+    assert_throughputs(done.stdout, "gpu check: ")
     assert (
         "gpu check: model parallel: the same job, its model split over all 2 cpu devices "
         "(a model axis of 2, one data-parallel replica)"
     ) in done.stdout, done.stdout
-    summary = re.search(
-        r"^gpu check: model parallel: launched ([\d,]+) samples/s, bare ([\d,]+) samples/s, "
-        r"ratio ([\d.]+)",
-        done.stdout,
-        re.M,
-    )
-    assert summary, done.stdout
-    launched, bare, ratio = (float(value.replace(",", "")) for value in summary.groups())
-    assert launched > 0 and bare > 0 and ratio == pytest.approx(launched / bare, rel=0.01)
+    assert_throughputs(done.stdout, "gpu check: model parallel: ")
     weighs = re.search(
         r"^gpu check: model parallel: ([\d.]+K) parameters, ([\d.]+ [kM]B); ([\d.]+ [kM]B) per "
         r"device over a model axis of 2 \(data parallel: ([\d.]+ [kM]B) per device\)$",
