@@ -20,7 +20,7 @@ train: setup
 train-images: setup
 	$(PY) scripts/default_job.py --data images --model mobilenet_v2 --epochs 3
 
-## The test suite in timed phases: set-up, lint, image build, unit, container. Every test but the
+## The test suite in timed phases: set-up, lint, unit (the images build beside), container. Every test but the
 ## long scenarios marked `slow`, under 20 minutes on a fresh 2-core machine.
 test:
 	bash scripts/test_phases.sh fast

@@ -9,11 +9,10 @@
 #                    local Debian base image and scripts/setup_sdk.sh (the SDK 2 and 3, the
 #                    MLflow server and the GPU machine's stand-in test venvs)
 #   lint             `make lint`: ruff (rules, formatting) and mypy; a failure ends the run
-#   image build      the CPU image the container tests run (scripts/build_image.sh)
 #   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP);
-#                    the TensorFlow 2.21 image (STACK=tf: downloads and installs, nothing to
-#                    compile) builds beside them, its log in build/tf-image.log
-#   tf image wait    what is left of that build when the unit tests end
+#                    both images build beside them (scripts/build_image.sh: the CPU image, then
+#                    the TensorFlow 2.21 one, STACK=tf), their log in build/images.log
+#   image wait       what is left of those builds when the unit tests end
 #   container tests  tests/image: both images, compose clusters, the fault matrices, push
 # PYTEST_ARGS adds arguments to both pytest runs.
 set -uo pipefail
@@ -60,22 +59,24 @@ phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/setup.sh; built=$?
                           wait $base && wait $sdk && wait $tools && exit $built; }'
 phase "lint" make --no-print-directory lint
-phase "image build" bash scripts/build_image.sh
+# Both images build beside the unit tests, which need neither: one after the other, as they
+# share build/context-wheels (with no layer cached the CPU image takes about 4 minutes and the
+# TensorFlow 2.21 one about 6.5, mostly downloads, while the unit tests take about 9).
 mkdir -p build
-STACK=tf bash scripts/build_image.sh > build/tf-image.log 2>&1 &
-tf_build=$!
+{ bash scripts/build_image.sh && STACK=tf bash scripts/build_image.sh; } > build/images.log 2>&1 &
+images_build=$!
 # Two pytest workers (pytest-xdist), each taking whole files: most tests wait on processes,
 # containers or deadlines as much as they compute, so two at a time fill the 2 cores better.
 # The files with long jobs go first, by their last run's seconds (tests/file_order.py).
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
   -m "not container and $tier" ${PYTEST_ARGS:-}
-wait_tf_build() {
-  wait "$tf_build" && return 0
-  tail -n 40 build/tf-image.log
+wait_images() {
+  wait "$images_build" && return 0
+  tail -n 40 build/images.log
   return 1
 }
-phase "tf image wait" wait_tf_build
+phase "image wait" wait_images
 # shellcheck disable=SC2086
 phase "container tests" env TEST_IMAGE_BUILT=1 \
   $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "container and $tier" tests/image \

@@ -185,7 +185,8 @@ print("done", flush=True)
 """
 
 
-def test_a_hung_job_is_restarted_and_a_stopped_one_is_not(make_script_job):
+@pytest.mark.slow  # waits out the shortest progress_timeout the launcher accepts (120 s)
+def test_a_hung_job_is_restarted(make_script_job):
     root = make_script_job(
         "hangs.py",
         {"max_restarts": 1, "progress_timeout": 120, "first_progress_timeout": 120},
@@ -196,6 +197,8 @@ def test_a_hung_job_is_restarted_and_a_stopped_one_is_not(make_script_job):
     [attempt] = attempts_of(root)
     assert attempt["exit_code"] == 4 and "no progress" in attempt["reason"], attempt
 
+
+def test_a_stopped_job_is_not_restarted(make_script_job):
     stopped = make_script_job(
         "sleeps.py",
         {"max_restarts": 3},
