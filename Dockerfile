@@ -41,7 +41,7 @@ ARG PYTHON=python3.11
 ARG HOROVOD_VERSION=0.28.1
 # 1 = reuse the Horovod wheel scripts/setup.sh compiled on this Debian 12 / Python 3.11 host
 # for the CPU variant instead of compiling it again: scripts/build_image.sh copies it into
-# build/context-wheels/ and sets this for CPU builds from the local Debian base. GPU builds
+# build/context-wheels/horovod-cpu/ and sets this for CPU builds from the local Debian base. GPU builds
 # always compile (NCCL).
 ARG HOROVOD_PREBUILT=0
 
@@ -78,7 +78,7 @@ WORKDIR /wheels
 # (STACK is declared here, not above: the layers before are the same for both stacks.)
 ARG STACK
 COPY requirements.txt constraints.txt requirements-tf.txt constraints-tf.txt \
-     build/context-wheels/horovod-*.whl ./
+     build/context-wheels/${STACK}-${VARIANT}/horovod-*.whl ./
 # image-requirements.txt = the stack's requirements minus test-only tools, TensorFlow and JAX
 # by variant (the GPU variant's CUDA comes as their wheels); lock.txt = the stack's lock.
 RUN --mount=type=secret,id=build_ca \

@@ -43,7 +43,8 @@ args=(--build-arg "VARIANT=$VARIANT" --build-arg "STACK=$STACK" -t "$IMAGE" -f D
 # Where scripts/setup.sh caches its Horovod wheel (its WHEELS; a test keeps the two equal), and
 # the folder of the build context the Dockerfile picks a prebuilt wheel up from.
 HOST_WHEELS=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sagemaker-horovod-byoc/wheels}
-CONTEXT_WHEELS=build/context-wheels
+# One folder per stack and variant, so that builds of different images can run at once.
+CONTEXT_WHEELS=build/context-wheels/$STACK-$VARIANT
 rm -rf "$CONTEXT_WHEELS" && mkdir -p "$CONTEXT_WHEELS"
 if { [ "$VARIANT" = cpu ] || [ "$STACK" = tf ]; } && [ -z "${BASE_IMAGE:-}" ]; then
   BASE_IMAGE=${LOCAL_BASE_IMAGE:-localhost/sagemaker-byoc-base:bookworm}

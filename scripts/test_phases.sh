@@ -10,8 +10,8 @@
 #                    MLflow server and the GPU machine's stand-in test venvs)
 #   lint             `make lint`: ruff (rules, formatting) and mypy; a failure ends the run
 #   unit tests       every test but the container ones (real mpirun, Horovod, sshd, HTTP);
-#                    both images build beside them (scripts/build_image.sh: the CPU image, then
-#                    the TensorFlow 2.21 one, STACK=tf), their log in build/images.log
+#                    both images build beside them, at once (scripts/build_image.sh: the CPU
+#                    image and the TensorFlow 2.21 one, STACK=tf), logs in build/image-*.log
 #   image wait       what is left of those builds when the unit tests end
 #   container tests  tests/image: both images, compose clusters, the fault matrices, push
 # PYTEST_ARGS adds arguments to both pytest runs.
@@ -59,12 +59,14 @@ phase "set-up" bash -c 'bash scripts/container_setup.sh && {
                           bash scripts/setup.sh; built=$?
                           wait $base && wait $sdk && wait $tools && exit $built; }'
 phase "lint" make --no-print-directory lint
-# Both images build beside the unit tests, which need neither: one after the other, as they
-# share build/context-wheels (with no layer cached the CPU image takes about 4 minutes and the
-# TensorFlow 2.21 one about 6.5, mostly downloads, while the unit tests take about 9).
+# Both images build beside the unit tests, which need neither (with no layer cached the CPU
+# image takes about 4 minutes and the TensorFlow 2.21 one about 6.5, mostly downloads, while the
+# unit tests take about 9).
 mkdir -p build
-{ bash scripts/build_image.sh && STACK=tf bash scripts/build_image.sh; } > build/images.log 2>&1 &
-images_build=$!
+bash scripts/build_image.sh > build/image-cpu.log 2>&1 &
+cpu_build=$!
+STACK=tf bash scripts/build_image.sh > build/image-tf.log 2>&1 &
+tf_build=$!
 # Two pytest workers (pytest-xdist), each taking whole files: most tests wait on processes,
 # containers or deadlines as much as they compute, so two at a time fill the 2 cores better.
 # The files with long jobs go first, by their last run's seconds (tests/file_order.py).
@@ -72,9 +74,10 @@ images_build=$!
 phase "unit tests" $PY -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
   -m "not container and $tier" ${PYTEST_ARGS:-}
 wait_images() {
-  wait "$images_build" && return 0
-  tail -n 40 build/images.log
-  return 1
+  local status=0
+  wait "$cpu_build" || { tail -n 40 build/image-cpu.log; status=1; }
+  wait "$tf_build" || { tail -n 40 build/image-tf.log; status=1; }
+  return $status
 }
 phase "image wait" wait_images
 # shellcheck disable=SC2086
