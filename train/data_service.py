@@ -23,6 +23,7 @@ import signal
 import sys
 
 from job.rank_job import DATA_HOST_ENV, DATA_SERVICE_ENV
+from train.logs import log
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
         )
     )
     roles = "dispatcher and worker" if len(servers) == 2 else "worker"
-    print(f"data service: {roles} on {host}, dispatcher {dispatcher_host}:{port}", flush=True)
+    log.info(f"data service: {roles} on {host}, dispatcher {dispatcher_host}:{port}")
     # A stop is the ranks' to act on: they save at an agreed step, which needs their next
     # batches. The launcher of a data host does not pass it on (container.data_host): the
     # servers run until the leader reports the training's end and the launcher ends them.

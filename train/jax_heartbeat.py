@@ -79,20 +79,20 @@ def with_heartbeat(
 
 def lengthen(jax: Any, say: Callable[[str], None], environ: Mapping[str, str] = os.environ) -> None:
     """Make the planned heartbeat the default of this process's `jax.distributed.initialize`
-    (once); `say` logs what was set and why, from process 0 once it joined."""
+    (once); `say` logs what was set and why once the process joined (a line of the leader's
+    log, train.logs)."""
     seconds = planned_seconds(environ)
     distributed = jax.distributed
     if seconds is None or getattr(distributed.initialize, _LENGTHENED, False):
         return
 
     def said(seconds: int, default: Any) -> None:
-        if jax.process_index() == 0:
-            say(
-                f"JAX's heartbeat timeout is {seconds} s, not its default {default} s "
-                f"({JAX_HEARTBEAT_ENV}, longer than progress_timeout and first_progress_"
-                "timeout): a frozen process is ended and named by the launcher's watchdog "
-                "before JAX would abort the processes waiting for it; pass "
-                f"{PARAMETER} to jax.distributed.initialize to choose your own"
-            )
+        say(
+            f"JAX's heartbeat timeout is {seconds} s, not its default {default} s "
+            f"({JAX_HEARTBEAT_ENV}, longer than progress_timeout and first_progress_"
+            "timeout): a frozen process is ended and named by the launcher's watchdog "
+            "before JAX would abort the processes waiting for it; pass "
+            f"{PARAMETER} to jax.distributed.initialize to choose your own"
+        )
 
     distributed.initialize = with_heartbeat(distributed.initialize, seconds, said)

@@ -48,6 +48,7 @@ from typing import Any
 from train import activity, jax_heartbeat, layouts
 from train.jax_arrays import ModelTooLarge as ModelTooLarge  # what a script may catch
 from train.jax_arrays import agree_fits, gib, nbytes, spans_processes
+from train.logs import log
 
 
 def install() -> None:
@@ -97,18 +98,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def say(text: str) -> None:
-    """One line in the job's log from process 0 (every process would say the same)."""
-    if _process_index() == 0:
-        sys.stderr.write(f"launcher: {text}\n")
-        sys.stderr.flush()
-
-
-def _process_index() -> int:
-    jax = sys.modules.get("jax")
-    try:
-        return jax.process_index() if jax else 0
-    except Exception:  # noqa: BLE001 - a backend that cannot start: say it anyway
-        return 0
+    """One line in the job's log (train.logs: the leader's), on stderr as a warning: the
+    launcher's word on the script, though said from inside its process."""
+    log.warning(f"launcher: {text}")
 
 
 def patch(keras: Any) -> None:

@@ -55,7 +55,11 @@ class RankContext:
 
 
 def emit(line: str) -> None:
-    """Print one line in one write: mpirun tags each write, so a split line gets torn."""
+    """One line of the protocol with the launcher (job.protocol: progress, marks, metrics, a
+    stop) on stdout, in one write: mpirun tags each write, so a split line gets torn. Not
+    through the log (train.logs): a user's script configures logging in its process, and a
+    script that disables the loggers that exist must not silence what the watchdog and the
+    failure report read."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
@@ -64,8 +68,14 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
     return int(environ.get(name, default))
 
 
+def world_rank(environ: Mapping[str, str] = os.environ) -> int:
+    """This process's rank, the one answer to "am I the leader (rank 0)?": Open MPI's number;
+    0 outside mpirun and on a data host, whose script runs alone, outside the ranks' world."""
+    return 0 if environ.get(DATA_HOST_ENV) else _int(environ, "OMPI_COMM_WORLD_RANK", 0)
+
+
 def context_from_environment(environ: Mapping[str, str] = os.environ) -> RankContext:
-    rank = _int(environ, "OMPI_COMM_WORLD_RANK", 0)
+    rank = world_rank(environ)
     world_size = _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
     local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
     local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world_size)
@@ -182,4 +192,4 @@ def leave(code: int) -> NoReturn:
 def _who(context: RankContext | None) -> tuple[int, str]:
     if context:
         return context.rank, context.host
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", 0)), socket.gethostname()
+    return world_rank(), socket.gethostname()

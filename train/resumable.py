@@ -66,10 +66,16 @@ from train.checkpoints import (
     split_across_processes,
 )
 from train.jax_state import attach_state
+from train.logs import log
 from train.rank import StopRequest, emit
 from train.sync import OverMpi, local_value
 
 STOPPED_CODE = 128 + signal.SIGTERM
+
+
+def _say(line: str) -> None:
+    """A line of the log (train.logs), which the leader alone prints."""
+    log.info(f"checkpoints: {line}")
 
 
 @dataclass(frozen=True)
@@ -140,14 +146,14 @@ class Checkpoints:
         variables, and where it was taken; a fresh Start when there is none."""
         StopRequest.arm()  # from here a stop is honoured after a step, with a checkpoint
         if self.split_across_hosts():
-            start = self._start(self.sharded().resume(lambda line: emit(f"checkpoints: {line}")))
+            start = self._start(self.sharded().resume(_say))
             self.epoch = start.epoch
             return start
         checkpoint = ArrayCheckpoint(self.variables())
         start = Start()
         if self.mpi.rank == 0:
             self.store.clean_torn()
-            found = self.store.resume(checkpoint, lambda line: emit(f"checkpoints: {line}"))
+            found = self.store.resume(checkpoint, _say)
             start = self._start(found)
         start = self.mpi.broadcast_object(start, name="start")
         if start.folder is not None:
@@ -172,16 +178,14 @@ class Checkpoints:
         return self.store.save(ArrayCheckpoint(self.variables()), epoch, step=step, extra=extra)
 
     def _start(self, found: Found | None) -> Start:
-        """Where a checkpoint (folder, state) resumes, logged by the leader; a fresh Start
-        for None."""
+        """Where a checkpoint (folder, state) resumes, logged; a fresh Start for None."""
         if not found:
             return Start()
         folder, state = found
         start = Start(
             state["epochs_done"], int(state.get("step", 0)), state.get("extra", {}), folder
         )
-        if self.mpi.rank == 0:
-            emit(f"checkpoints: resumed from {folder} (epoch {start.epoch}, step {start.step})")
+        _say(f"resumed from {folder} (epoch {start.epoch}, step {start.step})")
         return start
 
     def after_step(

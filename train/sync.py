@@ -53,7 +53,7 @@ from job.trainer_config import JAX
 from train import activity, jax_arrays, jax_heartbeat
 from train.jax_arrays import agree_fits, local_whole, nbytes, whole_value
 from train.layouts import auto_model_parallel
-from train.rank import emit
+from train.logs import log
 
 # The Keras classes of whichever Keras train.framework picked: tf.keras's (Horovod, MWMS) or
 # Keras 3's (JAX); two class trees that no single annotation names.
@@ -357,7 +357,7 @@ class KerasOnJax(OverMpi, Sync):
 
         # JAX's heartbeat longer than the watchdog's, and its runtime's timer threads out of the
         # pulse, so that the watchdog names a frozen process (as keras_script does for scripts)
-        jax_heartbeat.lengthen(jax, lambda text: emit(f"trainer: {text}"))
+        jax_heartbeat.lengthen(jax, lambda text: log.info(f"trainer: {text}"))
         activity.exclude_jax_threads(jax)
         keras.distribution.initialize()  # every process of the job, from the launcher's plan
         self.mesh = Mesh(jax.process_count(), jax.local_device_count(), model_parallel)

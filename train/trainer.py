@@ -43,6 +43,7 @@ from train.checkpoints import (
 from train.data import DataError, list_channel
 from train.export import export_model, write_history
 from train.framework import ON_JAX, keras
+from train.logs import log
 from train.models import BUILDERS, initial_weights_file, load_initial_weights, use_mixed_precision
 from train.pipeline import (
     Source,
@@ -66,9 +67,9 @@ from train.sync import MODEL_AXIS, Sync, local_value, shard_digests, synchronise
 class Trainer:
     """What every step of one rank's training shares: who the rank is, what the launcher
     planned, the stack the ranks synchronise with, and the leader's MLflow run (`tracking`).
-    `leader` is the one answer to "am I rank 0?" (connect checks that the stack numbers the
-    ranks as the launcher did): the leader alone prints, logs and keeps checkpoints and the
-    model."""
+    `leader` is the one answer to "am I rank 0?" (train.rank.world_rank, which the log asks
+    too; connect checks that the stack numbers the ranks as the launcher did): the leader alone
+    prints, logs and keeps checkpoints and the model."""
 
     context: RankContext
     config: TrainerConfig
@@ -87,8 +88,8 @@ class Trainer:
         return self.context.rank // self.sync.data_group
 
     def say(self, message: str) -> None:
-        if self.leader:
-            emit(f"trainer: {message}")
+        """A line of the log (train.logs), which the leader alone prints."""
+        log.info(f"trainer: {message}")
 
     def mark(self, moment: Mark) -> None:
         if self.leader:
@@ -640,12 +641,14 @@ def fit_epochs(
 def keep_stopped(trainer: Trainer, standing: Standing) -> None:
     """A stopped job's checkpoint, for the restarted job to resume at the step it stopped."""
     standing.write(interrupted=True)  # fit averaged the statistics
-    trainer.say(
-        stopped_line(
-            f"checkpoint saved in {trainer.context.paths.checkpoint_dir}; a "
-            f"restarted job resumes at {standing.position().describe()}"
+    if trainer.leader:  # the launcher's failure report reads it (job.protocol), not the log
+        emit(
+            "trainer: "
+            + stopped_line(
+                f"checkpoint saved in {trainer.context.paths.checkpoint_dir}; a "
+                f"restarted job resumes at {standing.position().describe()}"
+            )
         )
-    )
 
 
 def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[float]]) -> None:
@@ -679,7 +682,7 @@ def export(trainer: Trainer, data: Data, built: Built, history: dict[str, list[f
         for k, v in final.items()
         if k in ("loss", "accuracy", "val_loss", "val_accuracy")
     )
-    emit(f"RESULT {summary} model={exported}")
+    log.info(f"RESULT {summary} model={exported}")
     if trainer.tracking:
         trainer.tracking.log(tags={"model.location": exported})
     trainer.mark(Mark.MODEL_EXPORTED)
