@@ -226,6 +226,64 @@ def processes(cluster: ClusterPlan, port: int, gpu_count: int) -> Processes:
     )
 
 
+@dataclass(frozen=True)
+class JobPort:
+    """Ports in a row that something of the job listens on, on the leader's host: `setting` is
+    the hyperparameter that sets the first, `listener` says what listens there. `movable`: only
+    the leader's own processes connect there (a job whose ranks run on one host), so the leader
+    may give it any free port; a port that other hosts were told cannot change."""
+
+    setting: str
+    port: int
+    count: int
+    listener: str
+    movable: bool
+
+
+def leader_ports(plan: LaunchPlan) -> tuple[JobPort, ...]:
+    """Every port the job listens on on the leader's host, which the leader makes sure of
+    before mpirun starts (container.ports): process 0's JAX coordinator, which the ranks are
+    always told (a script may also listen on it, as SM_MASTER_PORT); under
+    MultiWorkerMirroredStrategy, the gRPC servers of the leader's TensorFlow workers; with other
+    hosts, the launcher's own sshd and coordinator. Empty on a host that is not the leader."""
+    cluster, launch = plan.cluster, plan.launch
+    if not cluster.is_leader:
+        return ()
+    one_host = not cluster.multi_host
+    ports = [
+        JobPort(
+            "distribution_port",
+            launch.distribution_port,
+            1,
+            "JAX's coordinator for keras.distribution",
+            one_host,
+        )
+    ]
+    if plan.job.tf_workers:
+        ports.append(
+            JobPort(
+                "tf_worker_port",
+                launch.tf_worker_port,
+                cluster.processes_per_host,
+                "this host's MultiWorkerMirroredStrategy workers",
+                one_host,
+            )
+        )
+    if cluster.multi_host:
+        ports.append(JobPort("sshd_port", launch.sshd_port, 1, "the job's own sshd", False))
+    if cluster.multi_host or cluster.data_hosts:
+        ports.append(
+            JobPort(
+                "coordinator_port",
+                launch.coordinator_port,
+                1,
+                "the launcher's coordinator for the other hosts",
+                False,
+            )
+        )
+    return tuple(ports)
+
+
 def trainer_mesh(layout: Processes, environ: Mapping[str, str], model_parallel: int) -> Mesh:
     """The built-in trainer's data x model mesh on JAX, as the launcher can know it: each
     process's GPUs, or on CPU XLA_FLAGS' forced device count; ConfigError when the model axis

@@ -60,7 +60,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from container import empty_model, mlflow_run, network, source_dir, sshd
+from container import empty_model, mlflow_run, network, ports, source_dir, sshd
 from container.coordination import Leader, follow_leader, leaders_outcome
 from container.data_host import run_data_host
 from container.failure import Outcome, write_failure
@@ -72,6 +72,7 @@ from container.session import adopt_orphans, end_descendants
 from container.supervisor import run_supervised
 from container.watchdog import ProgressWatch
 from job.errors import TrainError
+from job.launch_config import LaunchConfig
 from job.paths import DEFAULT_ML_ROOT, MlPaths
 from job.protocol import FailureKind, Mark, mark_line
 from job.sagemaker_config import JobConfig, read_job_config
@@ -133,18 +134,26 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         )
         source_dir.prepare(job, settings, os.environ)
         job = with_usable_interface(job, settings.launch.host_timeout, dry_run)
-        plan = make_plan(
-            job,
-            settings,
-            gpu_count=count_gpus(),
-            python=sys.executable,
-            runtime=runtime,
-            environ=os.environ,
-            stack=installed_stack(),
-        )
+        gpu_count = count_gpus()
+
+        def plan_with(launch: LaunchConfig) -> LaunchPlan:
+            return make_plan(
+                job,
+                dataclasses.replace(settings, launch=launch),
+                gpu_count=gpu_count,
+                python=sys.executable,
+                runtime=runtime,
+                environ=os.environ,
+                stack=installed_stack(),
+            )
+
+        plan = plan_with(settings.launch)
         if dry_run:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
+        launch_settings = ports.secure(plan)  # free ports on one host; named error if taken
+        if launch_settings != plan.launch:
+            plan = plan_with(launch_settings)
         log_plan(plan)
         run, run_env, secret_env = mlflow_run.begin(
             plan, job.hyperparameters, os.environ, installed_stack(), paths

@@ -145,7 +145,8 @@ class LaunchConfig:
     tf_worker_port: int = hp(
         8890,
         "MultiWorkerMirroredStrategy: the port of a host's TensorFlow worker (AWS's "
-        "TensorFlow containers use 8890); a host's further workers take the next ports.",
+        "TensorFlow containers use 8890); a host's further workers take the next ports. A job "
+        "whose ranks run on one host takes free ports instead.",
         minimum=1,
         maximum=65000,
     )
@@ -153,7 +154,8 @@ class LaunchConfig:
         7777,
         "Port on the leader where every process of the job meets to start Keras 3's "
         "keras.distribution (JAX's coordinator; KERAS_DISTRIBUTION_JOB_ADDRESSES, "
-        "JAX_COORDINATOR_ADDRESS); also SM_MASTER_PORT.",
+        "JAX_COORDINATOR_ADDRESS); also SM_MASTER_PORT. A job whose ranks run on one host "
+        "takes a free port instead.",
         minimum=1,
         maximum=65535,
     )
