@@ -24,8 +24,10 @@ runs'; with one device it says why it skips them. On a CPU, XLA_FLAGS'
 `--xla_force_host_platform_device_count=N` gives the runs N devices.
 
 Exit 0 when each pair trained on the same platform and device count, the launched run as one
-process of one, and the model-parallel pair split the model alike, else 1; the ratios are
-reported, not judged (timing is no test). What the machine lacks (mpirun, Keras) is named first.
+process of one that joined the launcher's distribution, and the model-parallel pair split the
+model alike, else 1; the ratios are reported, not judged (timing is no test). What the machine
+lacks (mpirun, Keras) is named first. Checks at once on one machine do not collide: the
+launcher gives each one-host job free ports of its own (container.ports).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ STOP_SECONDS = 60  # the launcher's stop grace (30 s) and its report
 _THROUGHPUT = re.compile(r"THROUGHPUT ([\d.]+)")
 _PROCESSES = re.compile(r"PROCESSES (\d+)")
 _DEVICES = re.compile(r"DEVICES (\w+) (\d+)")
+# The script's line when keras.distribution.initialize() failed: right for the bare run, which
+# has no cluster; under the launcher, the job's processes never met (its JAX coordinator could
+# not listen: a port another job held, before the launcher took free ports on one host).
+_NOT_INITIALIZED = re.compile(r"could not initialize the distribution: (.*)")
 # train.layouts.footprint's line: "<count> parameters, <whole>; <per device> per device over a
 # model axis of <M>"
 _FOOTPRINT = re.compile(
@@ -215,6 +221,12 @@ def verdict(launched: Run, bare: Run) -> Comparison | list[str]:
     problems += [
         f"{r.name} printed no THROUGHPUT line" for r in (launched, bare) if r.throughput is None
     ]
+    not_initialized = launched.found(_NOT_INITIALIZED)
+    if not_initialized:
+        problems.append(
+            f"{launched.name}: keras.distribution.initialize() failed under the launcher: "
+            f"{not_initialized[0]}"
+        )
     if launched.processes != 1:
         problems.append(f"{launched.name}: JAX ran with {launched.processes} processes, not 1")
     if devices != bare.devices:

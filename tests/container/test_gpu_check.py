@@ -6,6 +6,7 @@ runs under PyPI's Open MPI 5, not the images' Open MPI 4."""
 
 import os
 import re
+import socket
 import subprocess
 
 import pytest
@@ -17,25 +18,39 @@ WHEELS = VENV / "wheels"
 SMALL = ["--samples", "2048", "--width", "8", "--epochs", "3"]
 
 
-def gpu_check(
-    *arguments: str, timeout: float = 300, devices: int = 1
-) -> subprocess.CompletedProcess:
-    """scripts/gpu_check.sh with .venv-gpu's python3 first on PATH, as the lent machine's, and
-    `devices` CPU devices in each JAX process (the lent machine's GPUs)."""
+def started_check(*arguments: str, devices: int = 1) -> subprocess.Popen:
+    """scripts/gpu_check.sh started with .venv-gpu's python3 first on PATH, as the lent
+    machine's, and `devices` CPU devices in each JAX process (the lent machine's GPUs)."""
     env = {
         **os.environ,
         "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
     }
     env.pop("PYTHONPATH", None)
-    return subprocess.run(
+    return subprocess.Popen(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *arguments],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
     )
+
+
+def finished(check: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = check.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        check.kill()
+        raise
+    return subprocess.CompletedProcess(check.args, check.returncode, stdout, stderr)
+
+
+def gpu_check(
+    *arguments: str, timeout: float = 300, devices: int = 1
+) -> subprocess.CompletedProcess:
+    """The check (started_check) run to its end."""
+    return finished(started_check(*arguments, devices=devices), timeout)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -163,3 +178,37 @@ def test_a_run_past_its_time_is_stopped_with_everything_it_started(tmp_path):
     assert "launched ran past 6 s and was stopped" in done.stdout
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout  # no launcher, mpirun or rank of this run is left
+
+
+@pytest.mark.slow
+def test_two_checks_at_once_beside_a_server_on_port_7777_each_meet_on_a_port_of_their_own(
+    tmp_path,
+):
+    """Two checks at once (pytest -n 2 ran the two above together) collided on JAX's
+    coordinator port 7777: one job's process registered with the other's coordinator, which
+    aborted. Something else on 7777 (here a plain server) made the launched job's JAX fail to
+    start, which the check did not notice (the script goes on alone, as bare). Each launched
+    job now takes a free port of its own (container.ports)."""
+    try:
+        server = socket.create_server(("", 7777), family=socket.AF_INET6, dualstack_ipv6=True)
+    except OSError:  # something already holds it: the case this test makes
+        server = None
+    try:
+        checks = [
+            started_check("run", str(WHEELS), "--workdir", str(tmp_path / name), *SMALL)
+            for name in ("one", "two")
+        ]
+        done = [finished(check, timeout=480) for check in checks]
+    finally:
+        if server is not None:
+            server.close()
+    coordinators = []
+    for name, check in zip(("one", "two"), done):
+        assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+        through = (tmp_path / name / "launched.log").read_text()
+        assert "could not initialize the distribution" not in through, through[-3000:]
+        assert "launcher: job completed" in through
+        found = re.search(r'"coordinator":"localhost:(\d+)"', through)
+        assert found, through[-3000:]
+        coordinators.append(int(found.group(1)))
+    assert 7777 not in coordinators and len(set(coordinators)) == 2, coordinators
