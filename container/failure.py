@@ -11,8 +11,12 @@ boilerplate. Two sources feed it:
   which daemon (host) it lost.
 
 A host that vanished or could not be reached over ssh is a cluster failure; a rank that
-died without a report (killed by a signal, `os._exit`) is a rank failure with mpirun's code.
-Everything here is pure text processing, so it is tested against real mpirun output.
+died without a report (killed by a signal, `os._exit`) is a rank failure with mpirun's code;
+one killed by SIGKILL is named out of memory for certain when its host's memory cgroup counted
+an OOM kill (container.oom; only the host's own cgroup can be read: a worker adds its finding
+to its copy), "likely" otherwise. Everything here is pure text processing of mpirun's output
+and of what the cgroup files said (read by the callable passed in, container.oom.read_memory
+by default), so it is tested against real mpirun output and real cgroup files.
 
 The budget, in bytes: a rank's report holds at most job.protocol.REPORT_LIMIT (600) bytes of
 error, whose type, user's file and line and hint are never cut; `summarize` puts the failing
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from container.logs import log
+from container.oom import ADVICE, CgroupMemory, host_ran_out, killed, read_memory
 from job.checkpoint_folders import STATE, newest_usable
 from job.paths import MlPaths
 from job.protocol import (
@@ -129,8 +134,15 @@ def _is_error_line(text: str) -> bool:
     )
 
 
-def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]) -> Outcome:
-    """How a job whose mpirun exited with `exit_code` failed, and why."""
+def summarize(
+    log: OutputLog,
+    exit_code: int,
+    host_of_rank: Callable[[int], str],
+    memory: Callable[[], CgroupMemory | None] = read_memory,
+) -> Outcome:
+    """How a job whose mpirun exited with `exit_code` failed, and why. `memory` reads this
+    host's memory cgroup (container.oom), which says whether a rank here killed by SIGKILL was
+    out of memory; this host is the one mpirun runs on, rank 0's."""
     text = "\n".join(log.untagged)
     if log.reports:
         report = log.reports[0]
@@ -158,12 +170,16 @@ def summarize(log: OutputLog, exit_code: int, host_of_rank: Callable[[int], str]
     signal = _SIGNAL.search(text)
     if signal:
         rank = int(signal["rank"])
+        host = host_of_rank(rank)
         name = f" ({signal['name']})" if signal["name"] else ""
-        hint = " - likely out of memory" if signal["signal"] == "9" else ""
+        hint = ""
+        if signal["signal"] == "9":  # another host's cgroup cannot be read from here
+            proof = killed(memory()) if host == host_of_rank(0) else None
+            hint = f" - {proof}" if proof else " - likely out of memory"
         return Outcome.failed(
             FailureKind.RANK,
             (
-                f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
+                f"rank {rank} on host {host} was killed by signal "
                 f"{signal['signal']}{name}{hint}{_last_error(log, rank)}"
             ),
             exit_code,
@@ -247,12 +263,21 @@ def restart_point(checkpoint_dir: Path) -> str:
     return f"a restarted job resumes from {folder} ({', '.join(where)})"
 
 
-def relayed(outcome: Outcome, host: str, leader: str) -> Outcome:
+def relayed(
+    outcome: Outcome,
+    host: str,
+    leader: str,
+    memory: Callable[[], CgroupMemory | None] = read_memory,
+) -> Outcome:
     """A worker's copy of the leader's outcome: the root cause first, since SageMaker may show
-    any host's failure file, then which host relayed it."""
+    any host's failure file, then which host relayed it; then, when this host's memory cgroup
+    (`memory`, container.oom) counted an OOM kill, that this host ran out of memory: the
+    leader can only say "likely" of a rank killed on another host."""
     if outcome.kind is None:
         return outcome
-    return replace(outcome, reason=f"{outcome.reason} (reported to {host} by the leader {leader})")
+    reason = f"{outcome.reason} (reported to {host} by the leader {leader})"
+    own = host_ran_out(host, memory(), advise=ADVICE not in outcome.reason)
+    return replace(outcome, reason=f"{reason}; {own}" if own else reason)
 
 
 def write_failure(paths: MlPaths, message: str) -> None:

@@ -1,6 +1,7 @@
 """Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
 
 from container.failure import FAILURE_LIMIT, Outcome, OutputLog, relayed, summarize, write_failure
+from container.oom import ADVICE, CgroupMemory, host_ran_out, killed
 from job.errors import ConfigError
 from job.paths import MlPaths
 from job.protocol import ELISION, REPORT_LIMIT, FailureKind, rank_failure
@@ -205,3 +206,54 @@ def test_a_stop_line_is_remembered_however_much_the_ranks_print_after_it():
         "checkpoint saved in /opt/ml/checkpoints; a restarted job resumes at epoch 2, step 48"
     )
     assert log_of("[1,0]<stdout>:trainer: 2 rank(s)\n").stopped is None
+
+
+KILLED = """--------------------------------------------------------------------------
+mpirun noticed that process rank {rank} with PID 0 on node {host} exited on signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+LIMIT = CgroupMemory(1, 3 * 2**30)
+
+
+def test_a_rank_killed_on_this_host_is_out_of_memory_when_its_cgroup_counted_an_oom_kill():
+    """Rank 0's host is the one mpirun runs on: its memory cgroup is this host's."""
+    log = log_of(KILLED.format(rank=1, host="algo-1"))
+    outcome = summarize(log, 137, host_of, memory=lambda: LIMIT)
+    assert outcome == Outcome(
+        FailureKind.RANK,
+        f"rank 1 on host algo-1 was killed by signal 9 (Killed) - {killed(LIMIT)}",
+        137,
+    )
+    assert "memory limit of 3.0 GiB" in outcome.reason and "model_parallel=N" in outcome.reason
+    likely = "rank 1 on host algo-1 was killed by signal 9 (Killed) - likely out of memory"
+    assert summarize(log, 137, host_of, memory=lambda: None).reason == likely  # unreadable
+    no_kill = CgroupMemory(0, 3 * 2**30)  # a SIGKILL someone else sent
+    assert summarize(log, 137, host_of, memory=lambda: no_kill).reason == likely
+
+
+def test_a_rank_killed_on_another_host_is_likely_out_of_memory_whatever_this_host_counted():
+    log = log_of(KILLED.format(rank=2, host="algo-2"))
+    outcome = summarize(log, 137, host_of, memory=lambda: LIMIT)
+    assert outcome.reason == (
+        "rank 2 on host algo-2 was killed by signal 9 (Killed) - likely out of memory"
+    )
+
+
+def test_a_worker_adds_that_it_ran_out_of_memory_to_its_copy():
+    likely = Outcome.failed(
+        FailureKind.RANK, "rank 1 on host algo-2 was killed by signal 9 (Killed) - likely...", 137
+    )
+    outcome = relayed(likely, "algo-2", "algo-1", memory=lambda: LIMIT)
+    assert outcome.reason == (
+        f"{likely.reason} (reported to algo-2 by the leader algo-1); "
+        f"{host_ran_out('algo-2', LIMIT)}"
+    )
+    assert outcome.reason.endswith(ADVICE) and outcome.exit_code == 137
+    assert relayed(likely, "algo-2", "algo-1", memory=lambda: None).reason == (
+        f"{likely.reason} (reported to algo-2 by the leader algo-1)"
+    )
+    proven = summarize(log_of(KILLED.format(rank=0, host="algo-1")), 137, host_of, lambda: LIMIT)
+    both = relayed(proven, "algo-2", "algo-1", memory=lambda: LIMIT).reason
+    assert both.count(ADVICE) == 1 and "host algo-2 ran out of memory" in both
+    success = Outcome.success()
+    assert relayed(success, "algo-2", "algo-1", memory=lambda: LIMIT) == success

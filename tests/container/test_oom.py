@@ -1,0 +1,74 @@
+"""This container's memory cgroup, read as the kernels write it (container.oom): the texts
+below are real files, cgroup v1's as read inside a podman container on these machines
+(kernel 6.18, `--memory 512m`), cgroup v2's as kernel 6.x writes them."""
+
+from container.oom import (
+    ADVICE,
+    CgroupMemory,
+    host_ran_out,
+    killed,
+    parse_v1,
+    parse_v2,
+    read_memory,
+)
+from job.hints import OUT_OF_MEMORY
+
+V2_EVENTS = "low 0\nhigh 0\nmax 1873\noom 2\noom_kill 2\noom_group_kill 0\n"
+V1_OOM_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"
+V1_UNLIMITED = "9223372036854771712\n"  # PAGE_COUNTER_MAX pages of 4 KiB
+
+
+def test_cgroup_v2_counts_oom_kills_and_its_limit():
+    assert parse_v2(V2_EVENTS, "3221225472\n") == CgroupMemory(2, 3 * 2**30)
+    assert parse_v2(V2_EVENTS, "max\n") == CgroupMemory(2, None)
+    assert parse_v2(V2_EVENTS.replace("oom_kill 2", "oom_kill 0"), None) == CgroupMemory(0, None)
+    # memory.events before kernel 4.13 has no oom_kill line: nothing is known
+    assert parse_v2("low 0\nhigh 0\nmax 0\noom 0\n", "max\n") is None
+
+
+def test_cgroup_v1_counts_oom_kills_and_its_limit():
+    assert parse_v1(V1_OOM_CONTROL, "536870912\n") == CgroupMemory(1, 512 * 2**20)
+    assert parse_v1(V1_OOM_CONTROL, V1_UNLIMITED) == CgroupMemory(1, None)
+    assert parse_v1("oom_kill_disable 0\nunder_oom 0\n", None) is None
+
+
+def test_read_memory_takes_v2_then_v1_and_none_without_either(tmp_path):
+    assert read_memory(tmp_path) is None
+    v1 = tmp_path / "memory"
+    v1.mkdir()
+    (v1 / "memory.oom_control").write_text(V1_OOM_CONTROL)
+    (v1 / "memory.limit_in_bytes").write_text("3221225472\n")
+    assert read_memory(tmp_path) == CgroupMemory(1, 3 * 2**30)
+    (tmp_path / "memory.events").write_text(V2_EVENTS)
+    assert read_memory(tmp_path) == CgroupMemory(2, None)  # no memory.max: no limit known
+    (tmp_path / "memory.max").write_text("max\n")
+    assert read_memory(tmp_path) == CgroupMemory(2, None)
+
+
+def test_a_kill_is_named_out_of_memory_only_when_the_cgroup_counted_one():
+    assert killed(None) is None
+    assert killed(CgroupMemory(0, 3 * 2**30)) is None
+    assert killed(CgroupMemory(1, 3 * 2**30)) == (
+        "out of memory: the kernel's OOM killer killed it at the container's memory limit of "
+        f"3.0 GiB (1 OOM kill counted in its memory cgroup); {ADVICE}"
+    )
+    assert "at the host's memory (no container limit) (3 OOM kills" in killed(CgroupMemory(3, None))
+    assert "memory limit of 512 MiB" in killed(CgroupMemory(1, 512 * 2**20))
+
+
+def test_a_hosts_own_finding_names_it_and_advises_once():
+    memory = CgroupMemory(1, 3 * 2**30)
+    assert host_ran_out("algo-2", CgroupMemory(0, None)) is None
+    found = host_ran_out("algo-2", memory)
+    assert found.startswith(
+        "host algo-2 ran out of memory: the kernel's OOM killer killed a process there at the "
+        "container's memory limit of 3.0 GiB"
+    )
+    assert found.endswith(ADVICE)
+    assert not host_ran_out("algo-2", memory, advise=False).endswith(ADVICE)
+
+
+def test_the_advice_names_the_model_axis_first_and_keeps_the_batch_advice_of_device_memory():
+    assert ADVICE.startswith("set model_parallel=N (backend=jax) to split the model's weights")
+    assert ADVICE.endswith(OUT_OF_MEMORY.partition(": ")[2])
+    assert "out of device memory" not in ADVICE
