@@ -15,7 +15,8 @@ Under the cap the data-parallel job's rank on one host (algo-2 in every run here
 the kernel and both hosts exit 137: the host whose rank was killed counted the OOM kill in its
 cgroup and says so for certain, with its limit and what to change (container.oom); the other
 says "likely out of memory" (it cannot read that host's cgroup). The split job ends 0 on both
-hosts. About 70 s each, 145 s for the file.
+hosts. The data-parallel test took 32-75 s, the split one 43-70 s, the file 77-145 s (the
+machine idle, or busy with `make test`).
 """
 
 from __future__ import annotations
