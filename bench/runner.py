@@ -1,6 +1,6 @@
 """`make bench`: run the training benchmarks, print one table, write it as JSON.
 
-    python -m bench [--tiny] [--only 1,2,3,4,5,6,7,9,10,11] [--results results]
+    python -m bench [--tiny] [--only 1,2,3,4,5,6,7,9,10,11,12] [--results results]
                             [--workdir build/bench] [--cluster auto|containers|loopback]
                             [--image NAME] [--tf-image NAME] [--mpi-options "..."]
 
@@ -18,6 +18,9 @@ Items (see each module's docstring for the method):
  10 a restart inside the job: rank killed to first step again, steps lost (bench.restart)
  11 a heterogeneous job's input: served by a data host's tf.data service vs read locally
                                                                       (bench.hetero)
+ 12 model axis 1, 2, 4 (Keras 3 on JAX): samples/s, bytes per device, peak RSS; the largest
+    model that trains in a fixed memory, model axis 4 vs 1          (bench.model_axis; the
+                                                                      TF 2.21 image)
 
 Output: the table on stdout (progress and the exact commands on stderr), the full results
 (every repeat, machine, load average, date) in RESULTS/bench-<date>.json and
@@ -41,13 +44,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from bench import allreduce, cluster, data_scale, hetero, memory, restart, stacks, training
+from bench import (
+    allreduce,
+    cluster,
+    data_scale,
+    hetero,
+    memory,
+    model_axis,
+    restart,
+    stacks,
+    training,
+)
 from bench.launch import PYTHON, REPO, log, run
 from bench.results import Measurement, Target, markdown_table, report, text_table, write_report
 from bench.sizes import FULL, TINY, Sizes
 from scripts.local_cluster import DEFAULT_IMAGE, TF_IMAGE
 
-ITEMS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)
+ITEMS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12)
 T = TypeVar("T")
 NOISE_NOTE = (
     "The machine is shared: other work runs at the same time, so every number is "
@@ -99,7 +112,9 @@ def parse_arguments(argv: list[str] | None) -> BenchConfig:
         "--image", default=DEFAULT_IMAGE, help="the image item 4 runs in containers (make build)"
     )
     parser.add_argument(
-        "--tf-image", default=TF_IMAGE, help="the TensorFlow 2.21 image item 9 runs (make build-tf)"
+        "--tf-image",
+        default=TF_IMAGE,
+        help="the TensorFlow 2.21 image items 9 and 12 run (make build-tf)",
     )
     parser.add_argument("--mpi-options", default="", help="extra mpirun options")
     args = parser.parse_args(argv)
@@ -293,6 +308,16 @@ def run_items(config: BenchConfig) -> tuple[list[Measurement], dict[int, float]]
         "stacks",
         lambda: stacks.measure(
             sizes, workdir / "stacks", horovod_image=config.image, tf_image=config.tf_image
+        ),
+    )
+    items.attempt(
+        12,
+        "model axis",
+        lambda: model_axis.measure(
+            sizes,
+            model_axis.CAPACITY_TINY if config.tiny else model_axis.CAPACITY_FULL,
+            workdir / "model_axis",
+            image=config.tf_image,
         ),
     )
     return sorted(items.rows, key=lambda m: m.item), items.seconds
