@@ -132,7 +132,9 @@ def nbytes(variable: Any) -> int:
 def available_memory(meminfo: str, cgroup_max: str | None, cgroup_stat: str | None) -> int:
     """Bytes this host can still give a process: MemAvailable, or less where a cgroup (the
     container's memory limit) allows less: its limit less its anonymous memory (its page
-    cache counts in memory.current but is given back on demand, as MemAvailable counts it)."""
+    cache counts in memory.current but is given back on demand, as MemAvailable counts it).
+    The cgroup's files are v2's (memory.max, memory.stat's `anon`) or v1's
+    (memory.limit_in_bytes, memory.stat's `total_rss`), as podman on a v1 host mounts them."""
     available = next(
         (
             int(line.split()[1]) * 1024
@@ -145,7 +147,7 @@ def available_memory(meminfo: str, cgroup_max: str | None, cgroup_stat: str | No
         (
             int(line.split()[1])
             for line in (cgroup_stat or "").splitlines()
-            if line.startswith("anon ")
+            if line.startswith(("anon ", "total_rss "))
         ),
         None,
     )
@@ -162,11 +164,11 @@ def _read(path: str) -> str | None:
 
 
 def host_memory() -> int:
-    return available_memory(
-        _read("/proc/meminfo") or "",
-        _read("/sys/fs/cgroup/memory.max"),
-        _read("/sys/fs/cgroup/memory.stat"),
-    )
+    folder, limit = "/sys/fs/cgroup", _read("/sys/fs/cgroup/memory.max")
+    if limit is None:  # cgroup v1: the memory controller's own folder
+        folder = "/sys/fs/cgroup/memory"
+        limit = _read(f"{folder}/memory.limit_in_bytes")
+    return available_memory(_read("/proc/meminfo") or "", limit, _read(f"{folder}/memory.stat"))
 
 
 def gib(count: int) -> str:

@@ -104,6 +104,10 @@ def test_available_memory_is_the_smaller_of_the_host_and_the_container_limit():
     assert jax_arrays.available_memory(meminfo, "max\n", stat) == 4_096_000_000
     assert jax_arrays.available_memory(meminfo, "3000000000\n", stat) == 2 * 10**9
     assert jax_arrays.available_memory(meminfo, "500000000\n", stat) == 0
+    # cgroup v1 (podman on a v1 host): no limit is a huge number; total_rss is the anon part
+    v1_stat = "cache 5000000000\nrss 4812800\ntotal_rss 1000000000\n"
+    assert jax_arrays.available_memory(meminfo, "9223372036854771712\n", v1_stat) == 4_096_000_000
+    assert jax_arrays.available_memory(meminfo, "3000000000\n", v1_stat) == 2 * 10**9
 
 
 def test_a_call_that_cannot_fit_a_host_says_what_to_call_instead():
