@@ -23,6 +23,14 @@ finished) and each admitted host's `PeerState` (joined, ready, failed, lost, lef
 lost while the job runs, or a data host's failed script, is the root cause of the job's
 failure (`Leader.root_cause`).
 
+A rank killed by SIGKILL on a worker's host was out of memory for certain only if that host's
+memory cgroup counted an OOM kill, which only that host can read: when mpirun reports such a
+kill, the leader asks the worker (MEMORY) and its launcher answers with what its cgroup counted
+(OOM_KILLS), which the failure's reason then names (`Leader.memory_of`, container.failure).
+Asked, not pushed: the kernel counts an OOM kill as it sends the SIGKILL, long before mpirun
+hears of the death, so the count is there when asked, and no worker polls its cgroup meanwhile.
+The question waits at most MEMORY_TIMEOUT for the answer: the job's end is never held longer.
+
 Only the cluster is heard. The coordinator listens on the leader's cluster address and
 accepts `HELLO <host>` only from the address `<host>` resolves to, only once per host and
 only before the job runs (`_Gate`); anyone else is logged and disconnected before seeing the
@@ -45,8 +53,9 @@ from enum import Enum
 
 from container.failure import Outcome, relayed
 from container.logs import log
-from container.messages import BYE, PING, MalformedMessage, Message, Verb, parse
+from container.messages import BYE, MEMORY, PING, MalformedMessage, Message, Verb, parse
 from container.network import address_of
+from container.oom import CgroupMemory, read_memory
 from job.errors import PlatformError, TrainError
 from job.protocol import FailureKind
 
@@ -56,6 +65,9 @@ HELLO_TIMEOUT = 10.0
 HANDSHAKE_TIMEOUT = 120.0
 SEND_TIMEOUT = 10.0
 MAX_PENDING = 32
+# How long the leader waits for a worker's answer to MEMORY: a round trip on the cluster's
+# network and a read of two small files, milliseconds; only a dead or stuck worker takes it all.
+MEMORY_TIMEOUT = 2.0
 
 
 class ProtocolError(Exception):
@@ -223,6 +235,8 @@ class Peer:
     host_key: str = ""  # READY's; kept after it is lost or has left
     why: str = ""  # why it FAILED or was LOST
     ended: Outcome | None = None  # a data host's failed script (ENDED)
+    memory: CgroupMemory | None = None  # its last OOM_KILLS (None: it cannot read its cgroup)
+    memory_answers: int = 0  # how many OOM_KILLS it sent: an answer is one counted after asking
 
 
 class _Roster:
@@ -284,6 +298,25 @@ class _Roster:
             if peer.ended is None:
                 peer.ended = outcome
                 self.first_ended = self.first_ended or host
+
+    def answer_memory(self, host: str, memory: CgroupMemory | None) -> None:
+        with self.condition:
+            peer = self.peers[host]
+            peer.memory, peer.memory_answers = memory, peer.memory_answers + 1
+            self.condition.notify_all()
+
+    def wait_memory(self, host: str, answers: int, timeout: float) -> CgroupMemory | None:
+        """The host's answer once it has sent more than `answers` OOM_KILLS; None if it has
+        not within `timeout`, or its connection closed first."""
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            peer = self.peers[host]
+            while peer.memory_answers <= answers:
+                left = deadline - time.monotonic()
+                if left <= 0 or peer.connection.closed.is_set():
+                    return None
+                self.condition.wait(left)
+            return peer.memory
 
     def leave(self, host: str) -> None:
         with self.condition:
@@ -512,6 +545,8 @@ class Leader:
                 )
                 self.roster.end(host, message.outcome)
                 self.abort.set()
+            elif message.verb is Verb.OOM_KILLS:
+                self.roster.answer_memory(host, message.memory)
             elif message.verb is Verb.READY:
                 log.info(f"coordinator: ignored a second READY from {host}")
 
@@ -526,6 +561,19 @@ class Leader:
         """Block until every worker is ready; returns host -> sshd host key."""
         keys = self.roster.wait_ready(timeout)
         return {host: key for host, key in keys.items() if host not in self.data_hosts}
+
+    def memory_of(self, host: str, timeout: float = MEMORY_TIMEOUT) -> CgroupMemory | None:
+        """What the worker `host` reads of its memory cgroup now, asked over its connection
+        (container.failure.summarize's `memory_of`); None when it is no worker that is ready
+        and connected, cannot read its cgroup, or does not answer within `timeout`."""
+        with self.roster.condition:
+            peer = self.roster.peers.get(host)
+            if peer is None or peer.state is not PeerState.READY or host in self.data_hosts:
+                return None
+            answers = peer.memory_answers
+        # its own thread, as finish's EXIT: a stuck peer's send waits no longer than `timeout`
+        threading.Thread(target=peer.connection.send, args=(MEMORY,), daemon=True).start()
+        return self.roster.wait_memory(host, answers, timeout)
 
     def root_cause(self, outcome: Outcome) -> Outcome:
         """A failed job whose worker host vanished while it ran failed because of that host:
@@ -563,14 +611,16 @@ def follow_leader(
     heartbeat_timeout: float,
     on_key: Callable[[str], str],
     on_ready: Callable[[Callable[[Message], bool]], None] = lambda send: None,
+    memory: Callable[[], CgroupMemory | None] = read_memory,
 ) -> Outcome:
     """The worker's side: the job's outcome as the leader reports it.
 
     `address` is this host's cluster address (the leader accepts this host only from it);
     `on_key(public_key)` prepares this host (starts its sshd) and returns the host key;
     `on_ready(send)` runs once the leader has it, with a way to send the leader a message later
-    (a data host's ENDED). A leader that closes the connection before answering (it is busy:
-    too many connections) is tried again until `leader_timeout`.
+    (a data host's ENDED); `memory()` reads this host's memory cgroup when the leader asks
+    (MEMORY). A leader that closes the connection before answering (it is busy: too many
+    connections) is tried again until `leader_timeout`.
     """
     deadline = time.monotonic() + leader_timeout
     while True:
@@ -593,7 +643,9 @@ def follow_leader(
                 return message.outcome  # the job ended before this host joined
             if message.verb is not Verb.KEY:
                 raise _unexpected(leader, message, "the job's key")
-            return _serve_leader(peer, message.text, leader, heartbeat_timeout, on_key, on_ready)
+            return _serve_leader(
+                peer, message.text, leader, heartbeat_timeout, on_key, on_ready, memory
+            )
         finally:
             peer.close()
 
@@ -605,6 +657,7 @@ def _serve_leader(
     heartbeat_timeout: float,
     on_key: Callable[[str], str],
     on_ready: Callable[[Callable[[Message], bool]], None],
+    memory: Callable[[], CgroupMemory | None],
 ) -> Outcome:
     try:
         host_key = on_key(public_key)
@@ -615,6 +668,9 @@ def _serve_leader(
     on_ready(peer.send)
     try:
         message = _hear(peer, leader, heartbeat_timeout)
+        while message.verb is Verb.MEMORY:  # a rank here was killed: was it out of memory?
+            peer.send(Message(Verb.OOM_KILLS, memory=memory()))
+            message = _hear(peer, leader, heartbeat_timeout)
     except _Closed:
         raise PlatformError(
             f"lost contact with the leader {leader}: it closed the "

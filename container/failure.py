@@ -13,10 +13,11 @@ boilerplate. Two sources feed it:
 A host that vanished or could not be reached over ssh is a cluster failure; a rank that
 died without a report (killed by a signal, `os._exit`) is a rank failure with mpirun's code;
 one killed by SIGKILL is named out of memory for certain when its host's memory cgroup counted
-an OOM kill (container.oom; only the host's own cgroup can be read: a worker adds its finding
-to its copy), "likely" otherwise. Everything here is pure text processing of mpirun's output
-and of what the cgroup files said (read by the callable passed in, container.oom.read_memory
-by default), so it is tested against real mpirun output and real cgroup files.
+an OOM kill (container.oom: the leader reads its own, and asks a worker's launcher for the
+worker's over the coordinator), "likely" otherwise. Everything here is pure text processing of
+mpirun's output and of what the cgroup files said (read by the callables passed in:
+container.oom.read_memory for this host, the coordinator's question for another), so it is
+tested against real mpirun output and real cgroup files.
 
 The budget, in bytes: a rank's report holds at most job.protocol.REPORT_LIMIT (600) bytes of
 error, whose type, user's file and line and hint are never cut; `summarize` puts the failing
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from container.logs import log
-from container.oom import ADVICE, CgroupMemory, host_ran_out, killed, read_memory
+from container.oom import ADVICE, CgroupMemory, counted_in, host_ran_out, killed, read_memory
 from job.checkpoint_folders import STATE, newest_usable
 from job.paths import MlPaths
 from job.protocol import (
@@ -139,13 +140,33 @@ def summarize(
     exit_code: int,
     host_of_rank: Callable[[int], str],
     memory: Callable[[], CgroupMemory | None] = read_memory,
+    memory_of: Callable[[str], CgroupMemory | None] = lambda host: None,
 ) -> Outcome:
-    """How a job whose mpirun exited with `exit_code` failed, and why. `memory` reads this
-    host's memory cgroup (container.oom), which says whether a rank here killed by SIGKILL was
-    out of memory; this host is the one mpirun runs on, rank 0's."""
+    """How a job whose mpirun exited with `exit_code` failed, and why. A rank killed by
+    SIGKILL was out of memory for certain when its host's memory cgroup (container.oom)
+    counted an OOM kill: `memory` reads this host's, the one mpirun runs on (rank 0's), and
+    `memory_of(host)` learns another host's (None: unknown; on the leader of several hosts,
+    container.coordination.Leader.memory_of asks that host's launcher, briefly). A kill so
+    proven is the root cause even when another rank reported an error: it lost that peer."""
     text = "\n".join(log.untagged)
+    signal = _SIGNAL.search(text)
+    proof = None  # why a rank killed by SIGKILL died, when its host's cgroup proves it
+    if signal and signal["signal"] == "9":
+        host = host_of_rank(int(signal["rank"]))
+        proof = killed(memory() if host == host_of_rank(0) else memory_of(host), host)
     if log.reports:
         report = log.reports[0]
+        if signal and proof and int(signal["rank"]) != report.rank:
+            # The kernel's kill came first: a rank that reported an error lost that peer
+            # (Gloo's or gRPC's "connection closed by peer"), and mpirun names both.
+            return Outcome.failed(
+                FailureKind.RANK,
+                (
+                    f"{_killed_by(signal, host_of_rank, proof, log)}; rank {report.rank} on "
+                    f"host {report.host} failed after it: {report.error.partition(':')[0]}"
+                ),
+                exit_code,
+            )
         code = _code_of(text, report.rank) or exit_code
         how = (
             f"exit code {code}" if report.kind is FailureKind.RANK else f"{report.kind.value} error"
@@ -167,22 +188,9 @@ def summarize(
                 f"of memory or network down); the job on every host was stopped"
             ),
         )
-    signal = _SIGNAL.search(text)
     if signal:
-        rank = int(signal["rank"])
-        host = host_of_rank(rank)
-        name = f" ({signal['name']})" if signal["name"] else ""
-        hint = ""
-        if signal["signal"] == "9":  # another host's cgroup cannot be read from here
-            proof = killed(memory()) if host == host_of_rank(0) else None
-            hint = f" - {proof}" if proof else " - likely out of memory"
         return Outcome.failed(
-            FailureKind.RANK,
-            (
-                f"rank {rank} on host {host} was killed by signal "
-                f"{signal['signal']}{name}{hint}{_last_error(log, rank)}"
-            ),
-            exit_code,
+            FailureKind.RANK, _killed_by(signal, host_of_rank, proof, log), exit_code
         )
     for pattern in (_ABORT, _EXITED):
         found = pattern.search(text)
@@ -215,6 +223,22 @@ def summarize(
         FailureKind.RANK,
         f"mpirun exited with code {exit_code}; last output: {last.strip()}",
         exit_code,
+    )
+
+
+def _killed_by(
+    signal: re.Match[str], host_of_rank: Callable[[int], str], proof: str | None, log: OutputLog
+) -> str:
+    """Which rank a signal killed, where; for SIGKILL, out of memory for certain (`proof`) or
+    likely; and that rank's last error line."""
+    rank = int(signal["rank"])
+    name = f" ({signal['name']})" if signal["name"] else ""
+    hint = ""
+    if signal["signal"] == "9":
+        hint = f" - {proof}" if proof else " - likely out of memory"
+    return (
+        f"rank {rank} on host {host_of_rank(rank)} was killed by signal "
+        f"{signal['signal']}{name}{hint}{_last_error(log, rank)}"
     )
 
 
@@ -271,11 +295,14 @@ def relayed(
 ) -> Outcome:
     """A worker's copy of the leader's outcome: the root cause first, since SageMaker may show
     any host's failure file, then which host relayed it; then, when this host's memory cgroup
-    (`memory`, container.oom) counted an OOM kill, that this host ran out of memory: the
-    leader can only say "likely" of a rank killed on another host."""
+    (`memory`, container.oom) counted an OOM kill that the leader's reason does not already
+    name, that this host ran out of memory (a process other than a rank was killed, or the
+    leader could not hear this host's answer in time and said "likely")."""
     if outcome.kind is None:
         return outcome
     reason = f"{outcome.reason} (reported to {host} by the leader {leader})"
+    if counted_in(host) in outcome.reason:
+        return replace(outcome, reason=reason)
     own = host_ran_out(host, memory(), advise=ADVICE not in outcome.reason)
     return replace(outcome, reason=f"{reason}; {own}" if own else reason)
 

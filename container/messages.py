@@ -7,10 +7,15 @@ exchange is written by `Message.line` and read by `parse`, here and nowhere else
     worker -> leader    FAIL <why it cannot get ready>
     both ways           PING                                   (every second, from HELLO on)
     data host -> leader ENDED <code> <kind> <reason as JSON>  (its script failed)
+    leader -> worker    MEMORY                                 (a rank there died of SIGKILL)
+    worker -> leader    OOM_KILLS <kills> <limit in bytes; `-` for none>, or OOM_KILLS -
     leader -> worker    EXIT <code> <kind> <reason as JSON>
     worker -> leader    BYE
 
-A line is a verb, a space, and the verb's argument; PING and BYE have none. `parse` raises
+MEMORY asks a worker what its memory cgroup counted (container.oom), which only it can read;
+OOM_KILLS answers with the OOM kills counted and the limit, or `-` when it cannot read them.
+
+A line is a verb, a space, and the verb's argument; PING, BYE and MEMORY have none. `parse` raises
 `MalformedMessage` for any other line, saying what is wrong with it: the coordinator refuses
 or drops the peer that sent it, and a worker names its leader. An outcome (EXIT, ENDED) is read
 only if the launcher can end a job with it: a text reason, an exit code a process can have,
@@ -20,10 +25,12 @@ a kind exactly when the code is not 0; and ENDED only reports a failure.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 from container.failure import Outcome
+from container.oom import CgroupMemory
 from job.protocol import FailureKind
 
 
@@ -36,11 +43,15 @@ class Verb(Enum):
     ENDED = "ENDED"
     EXIT = "EXIT"
     BYE = "BYE"
+    MEMORY = "MEMORY"
+    OOM_KILLS = "OOM_KILLS"
 
 
-_BARE = (Verb.PING, Verb.BYE)  # no argument
+_BARE = (Verb.PING, Verb.BYE, Verb.MEMORY)  # no argument
 _OUTCOMES = (Verb.EXIT, Verb.ENDED)  # an Outcome as the argument
 _SUCCESS = "ok"  # the kind written for a job that succeeded
+_UNKNOWN = "-"  # OOM_KILLS of a cgroup that cannot be read, or its limit when it has none
+_KILLS_AND_LIMIT = re.compile(r"(?P<kills>[0-9]{1,20}) (?P<limit>[0-9]{1,20}|-)")
 
 
 class MalformedMessage(ValueError):
@@ -57,17 +68,21 @@ class MalformedMessage(ValueError):
 @dataclass(frozen=True)
 class Message:
     """One line of the protocol: `text` is HELLO's host, KEY's public key, READY's host key or
-    FAIL's reason; `outcome` is EXIT's and ENDED's."""
+    FAIL's reason; `outcome` is EXIT's and ENDED's; `memory` is OOM_KILLS' (None: the worker
+    cannot read its cgroup)."""
 
     verb: Verb
     text: str = ""
     outcome: Outcome | None = None
+    memory: CgroupMemory | None = None
 
     def __post_init__(self) -> None:
         if (self.outcome is not None) != (self.verb in _OUTCOMES):
             raise ValueError(
                 f"{self.verb.value} carries an outcome exactly when it is EXIT or ENDED"
             )
+        if self.memory is not None and self.verb is not Verb.OOM_KILLS:
+            raise ValueError(f"{self.verb.value} carries no memory cgroup; OOM_KILLS does")
 
     def line(self) -> str:
         """The message as one line (without its newline): a newline in a text (a FAIL's
@@ -78,12 +93,18 @@ class Message:
             return f"{self.verb.value} {self.outcome.exit_code} {kind} {reason}"
         if self.verb in _BARE:
             return self.verb.value
+        if self.verb is Verb.OOM_KILLS:
+            if self.memory is None:
+                return f"{self.verb.value} {_UNKNOWN}"
+            limit = _UNKNOWN if self.memory.limit is None else str(self.memory.limit)
+            return f"{self.verb.value} {self.memory.oom_kills} {limit}"
         text = self.text.replace("\n", " ")
         return f"{self.verb.value} {text}"
 
 
 PING = Message(Verb.PING)
 BYE = Message(Verb.BYE)
+MEMORY = Message(Verb.MEMORY)
 
 
 def parse(line: str) -> Message:
@@ -101,6 +122,8 @@ def parse(line: str) -> Message:
         raise MalformedMessage(f"{verb.value} without its argument", line, verb)
     if verb in _OUTCOMES:
         return Message(verb, outcome=_outcome(verb, argument, line))
+    if verb is Verb.OOM_KILLS:
+        return Message(verb, memory=_memory(argument, line))
     if verb in (Verb.HELLO, Verb.READY):  # a name and a key: spaces around them are no part
         argument = argument.strip()
         if not argument:
@@ -127,3 +150,15 @@ def _outcome(verb: Verb, argument: str, line: str) -> Outcome:
     if verb is Verb.ENDED and outcome.kind is None:  # a data host only says ENDED on failure
         raise MalformedMessage("ENDED without a failure", line, verb)
     return outcome
+
+
+def _memory(argument: str, line: str) -> CgroupMemory | None:
+    """The cgroup of an OOM_KILLS line's argument: `<kills> <limit>` (each a count of bytes or
+    kills; the limit `-` when there is none), or `-` when the worker cannot read it."""
+    if argument == _UNKNOWN:
+        return None
+    found = _KILLS_AND_LIMIT.fullmatch(argument)
+    if found is None:
+        raise MalformedMessage("not an OOM kill count and a limit", line, Verb.OOM_KILLS)
+    limit = None if found["limit"] == _UNKNOWN else int(found["limit"])
+    return CgroupMemory(int(found["kills"]), limit)

@@ -12,8 +12,10 @@ kill its OOM killer made, which turns "likely out of memory" into a fact:
   (`oom_kill N`, kernels since 4.13) and `memory.limit_in_bytes` (about 2**63 when unlimited).
 
 Inside a container both paths are its own cgroup. A host reads only its own: the leader
-confirms a kill of a rank on its own host (container.failure.summarize), a worker adds what its
-own cgroup counted to its copy of the leader's reason (container.failure.relayed). The count is
+confirms a kill of a rank on its own host from its cgroup and one on a worker's host from what
+that worker's launcher read of its own, asked over the coordinator (container.coordination's
+MEMORY; container.failure.summarize words it); a worker's copy of the leader's reason adds its
+own finding when the leader's does not name it (container.failure.relayed). The count is
 since the container started, and SageMaker starts a fresh container for every job.
 Parsing is pure (tested on the kernels' texts); `read_memory` is the one effect.
 """
@@ -96,23 +98,30 @@ def size(count: int) -> str:
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
-def _evidence(memory: CgroupMemory | None) -> str | None:
-    """At what limit, and how many OOM kills the cgroup counted; None when it counted none
+def counted_in(host: str) -> str:
+    """The words that say a host's own cgroup proved the kill: a reason that has them needs no
+    second finding of that host (container.failure.relayed)."""
+    return f"counted in {host}'s memory cgroup"
+
+
+def _evidence(memory: CgroupMemory | None, host: str) -> str | None:
+    """At what limit, and how many OOM kills `host`'s cgroup counted; None when it counted none
     (or could not be read): then a SIGKILL may have had another sender."""
     if memory is None or memory.oom_kills == 0:
         return None
     limit = (
-        f"the container's memory limit of {size(memory.limit)}"
+        f"at {host}'s memory limit of {size(memory.limit)}"
         if memory.limit
-        else "the host's memory (no container limit)"
+        else f"when {host} ran out of memory (no container limit)"
     )
     kills = "1 OOM kill" if memory.oom_kills == 1 else f"{memory.oom_kills} OOM kills"
-    return f"at {limit} ({kills} counted in its memory cgroup)"
+    return f"{limit} ({kills} {counted_in(host)})"
 
 
-def killed(memory: CgroupMemory | None) -> str | None:
-    """Why a rank of this host died of SIGKILL, when the cgroup proves it; else None."""
-    evidence = _evidence(memory)
+def killed(memory: CgroupMemory | None, host: str) -> str | None:
+    """Why a rank on `host` died of SIGKILL, when `host`'s cgroup (`memory`) proves it; else
+    None."""
+    evidence = _evidence(memory, host)
     if evidence is None:
         return None
     return f"out of memory: the kernel's OOM killer killed it {evidence}; {ADVICE}"
@@ -121,7 +130,7 @@ def killed(memory: CgroupMemory | None) -> str | None:
 def host_ran_out(host: str, memory: CgroupMemory | None, advise: bool = True) -> str | None:
     """A host's own finding, for its copy of a failure the leader reported (with ADVICE unless
     the reason already gives it); None when its cgroup counted no OOM kill."""
-    evidence = _evidence(memory)
+    evidence = _evidence(memory, host)
     if evidence is None:
         return None
     found = (

@@ -36,6 +36,7 @@ from typing import Any
 from container.failure import Outcome, OutputLog, restart_point, summarize
 from container.lines import WholeLines
 from container.logs import log
+from container.oom import CgroupMemory
 from container.session import Session
 from container.watchdog import STACK_GRACE, ProgressWatch
 from job.protocol import FailureKind, parse_active
@@ -125,13 +126,16 @@ def run_supervised(
     abort: threading.Event | None = None,
     checkpoint_dir: Path | None = None,
     forward_stop: bool = True,
+    memory_of: Callable[[str], CgroupMemory | None] = lambda host: None,
 ) -> Outcome:
     """Run mpirun (or a data host's program) to the end in a session of its own
     (container.session), echoing its output; the outcome says who failed and why.
     `abort`, once set, ends it at once (the job failed elsewhere: a data host);
     `forward_stop` off: a stop is not passed on to the program, which runs on until `abort`
     or the grace ends it (a data host's, container.data_host);
-    `checkpoint_dir`: where a stop's reason looks for the checkpoint a restart resumes from."""
+    `checkpoint_dir`: where a stop's reason looks for the checkpoint a restart resumes from;
+    `memory_of(host)`: another host's memory cgroup, which says whether a rank killed there
+    was out of memory (container.failure.summarize)."""
     output_log, lines = OutputLog(), WholeLines()
 
     def take(line: str) -> None:
@@ -169,7 +173,7 @@ def run_supervised(
             f"training was stopped by a signal (job "
             f"stopped, max runtime or spot reclaim); {detail}",
         )
-    return summarize(output_log, exit_code, host_of_rank)
+    return summarize(output_log, exit_code, host_of_rank, memory_of=memory_of)
 
 
 def stop_detail(

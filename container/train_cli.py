@@ -66,6 +66,7 @@ from container.data_host import run_data_host
 from container.failure import Outcome, write_failure
 from container.init import become_init
 from container.logs import log
+from container.oom import CgroupMemory
 from container.plan import LaunchPlan, make_plan
 from container.restarts import run_with_restarts
 from container.session import adopt_orphans, end_descendants
@@ -252,11 +253,13 @@ def supervise(
     paths: MlPaths,
     root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome,
     abort: threading.Event | None = None,
+    memory_of: Callable[[str], CgroupMemory | None] = lambda host: None,
 ) -> Outcome:
     """Run the plan's mpirun under the stop signals and the progress watchdog, again after a
     failure while `max_restarts` allows (container.restarts); `root_cause` names what made
     an attempt fail (on the leader of several hosts: a lost worker or a data host's failure,
-    which also sets `abort`)."""
+    which also sets `abort`); `memory_of` asks a worker host what its memory cgroup counted
+    (the leader's coordinator: whether a rank killed there was out of memory)."""
     cluster = plan.cluster
 
     def attempt() -> Outcome:
@@ -275,6 +278,7 @@ def supervise(
                 watch=watch,
                 abort=abort,
                 checkpoint_dir=paths.checkpoint_dir,
+                memory_of=memory_of,
             )
         )
 
@@ -331,7 +335,9 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
         hosts = len(cluster.hosts) + len(cluster.data_hosts)
         log.info(f"all {hosts} hosts ready")
         print(mark_line(Mark.HOSTS_READY), flush=True)
-        outcome = supervise(plan, paths, coordinator.root_cause, coordinator.abort)
+        outcome = supervise(
+            plan, paths, coordinator.root_cause, coordinator.abort, coordinator.memory_of
+        )
     except TrainError as error:
         coordinator.finish(Outcome.failed(error.kind, str(error)))
         raise

@@ -13,8 +13,9 @@ import pytest
 
 from container import coordination
 from container.coordination import Leader, follow_leader
-from container.failure import Outcome
+from container.failure import Outcome, OutputLog, summarize
 from container.network import free_port
+from container.oom import CgroupMemory, killed
 from job.errors import PlatformError
 from job.protocol import FailureKind
 from tests.waiting import eventually
@@ -443,3 +444,79 @@ def test_a_worker_names_a_leader_that_answers_hello_with_something_else():
     ):
         follow_fake_leader(port, on_key=keys.append)
     assert keys == []
+
+
+LIMIT = 3 * 2**30
+
+
+def test_the_leader_learns_what_a_workers_memory_cgroup_counted_when_it_asks():
+    """A rank killed by SIGKILL on a worker's host: the leader asks that worker's launcher,
+    which reads its own cgroup then (not before: each question gets a fresh reading), and the
+    failure's reason names the kill for certain; a worker that cannot read its cgroup, or a
+    host that is no worker, leaves it unknown at once."""
+    port, results, reads = free_port(), {}, []
+
+    def counted():
+        reads.append(1)
+        return CgroupMemory(len(reads), LIMIT)
+
+    leader = start_leader(port)
+    threads = [
+        start_worker(port, "127.0.0.2", results, memory=counted),
+        start_worker(port, "127.0.0.3", results, memory=lambda: None),
+    ]
+    leader.wait_ready(timeout=10)
+    assert reads == []  # read when asked only
+    assert leader.memory_of("127.0.0.2") == CgroupMemory(1, LIMIT)
+    assert leader.memory_of("127.0.0.2") == CgroupMemory(2, LIMIT)
+    started = time.monotonic()
+    assert leader.memory_of("127.0.0.3") is None  # it answered that it cannot read it
+    assert leader.memory_of("127.0.0.1") is None  # the leader's own: not asked over the wire
+    assert time.monotonic() - started < 1.0
+    log = OutputLog()
+    log.add(
+        "mpirun noticed that process rank 1 with PID 0 on node 127.0.0.2 exited on signal 9 "
+        "(Killed)."
+    )
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    outcome = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
+    assert outcome.reason == (
+        "rank 1 on host 127.0.0.2 was killed by signal 9 (Killed) - "
+        f"{killed(CgroupMemory(3, LIMIT), '127.0.0.2')}"
+    )
+    leader.finish(outcome)  # the workers, asked on the way, still get the outcome
+    for thread in threads:
+        thread.join(timeout=5)
+    assert results["127.0.0.2"] == outcome and results["127.0.0.3"] == outcome
+
+
+def test_a_worker_that_does_not_answer_holds_the_job_at_most_the_memory_timeout():
+    """The question never hangs the job's end: no answer is an unknown after `timeout`; an
+    answer counts only once asked, and a closed connection is an unknown at once."""
+    port = free_port()
+    leader = start_leader(port, workers=["127.0.0.2"], heartbeat_timeout=10)
+    worker = stranger(port, source="127.0.0.2")  # speaks the protocol by hand
+    with worker, worker.makefile("rb") as lines:  # both closed: the leader sees the close
+        worker.sendall(b"HELLO 127.0.0.2\n")
+        assert lines.readline().startswith(b"KEY ")
+        worker.sendall(b"READY hostkey\n")
+        leader.wait_ready(timeout=5)
+        started = time.monotonic()
+        assert leader.memory_of("127.0.0.2", timeout=0.5) is None
+        assert 0.5 <= time.monotonic() - started < 1.5
+        assert next(line for line in lines if line != b"PING\n") == b"MEMORY\n"
+        worker.sendall(b"OOM_KILLS 2 -\n")  # too late: the question has had its answer, None
+        eventually(
+            lambda: leader.roster.peers["127.0.0.2"].memory_answers == 1,
+            "the late answer was never read",
+        )
+        threading.Timer(0.2, worker.sendall, args=(b"OOM_KILLS 3 -\n",)).start()
+        assert leader.memory_of("127.0.0.2", timeout=5) == CgroupMemory(3, None)  # not 2
+    started = time.monotonic()
+    eventually(
+        lambda: leader.roster.peers["127.0.0.2"].connection.closed.is_set(),
+        "the closed connection was never noticed",
+    )
+    assert leader.memory_of("127.0.0.2", timeout=5) is None  # lost: not asked
+    assert time.monotonic() - started < 1.0
+    leader.finish(Outcome.success(), timeout=1)

@@ -221,22 +221,39 @@ def test_a_rank_killed_on_this_host_is_out_of_memory_when_its_cgroup_counted_an_
     outcome = summarize(log, 137, host_of, memory=lambda: LIMIT)
     assert outcome == Outcome(
         FailureKind.RANK,
-        f"rank 1 on host algo-1 was killed by signal 9 (Killed) - {killed(LIMIT)}",
+        f"rank 1 on host algo-1 was killed by signal 9 (Killed) - {killed(LIMIT, 'algo-1')}",
         137,
     )
-    assert "memory limit of 3.0 GiB" in outcome.reason and "model_parallel=N" in outcome.reason
+    assert "algo-1's memory limit of 3.0 GiB" in outcome.reason
+    assert "model_parallel=N" in outcome.reason
     likely = "rank 1 on host algo-1 was killed by signal 9 (Killed) - likely out of memory"
     assert summarize(log, 137, host_of, memory=lambda: None).reason == likely  # unreadable
     no_kill = CgroupMemory(0, 3 * 2**30)  # a SIGKILL someone else sent
     assert summarize(log, 137, host_of, memory=lambda: no_kill).reason == likely
 
 
-def test_a_rank_killed_on_another_host_is_likely_out_of_memory_whatever_this_host_counted():
+def test_a_rank_killed_on_another_host_is_out_of_memory_when_that_hosts_cgroup_counted_one():
+    """The leader asks the worker's launcher (container.coordination.Leader.memory_of): its
+    answer, not this host's cgroup, decides; no answer leaves "likely"."""
     log = log_of(KILLED.format(rank=2, host="algo-2"))
-    outcome = summarize(log, 137, host_of, memory=lambda: LIMIT)
+    asked = []
+
+    def memory_of(host):
+        asked.append(host)
+        return LIMIT
+
+    outcome = summarize(log, 137, host_of, memory=lambda: None, memory_of=memory_of)
     assert outcome.reason == (
-        "rank 2 on host algo-2 was killed by signal 9 (Killed) - likely out of memory"
+        f"rank 2 on host algo-2 was killed by signal 9 (Killed) - {killed(LIMIT, 'algo-2')}"
     )
+    assert asked == ["algo-2"]
+    assert "at algo-2's memory limit of 3.0 GiB (1 OOM kill counted in algo-2's memory cgroup)" in (
+        outcome.reason
+    )
+    likely = "rank 2 on host algo-2 was killed by signal 9 (Killed) - likely out of memory"
+    assert summarize(log, 137, host_of, memory=lambda: LIMIT).reason == likely  # not asked
+    no_kill = CgroupMemory(0, 3 * 2**30)
+    assert summarize(log, 137, host_of, memory_of=lambda host: no_kill).reason == likely
 
 
 def test_a_worker_adds_that_it_ran_out_of_memory_to_its_copy():
@@ -255,5 +272,47 @@ def test_a_worker_adds_that_it_ran_out_of_memory_to_its_copy():
     proven = summarize(log_of(KILLED.format(rank=0, host="algo-1")), 137, host_of, lambda: LIMIT)
     both = relayed(proven, "algo-2", "algo-1", memory=lambda: LIMIT).reason
     assert both.count(ADVICE) == 1 and "host algo-2 ran out of memory" in both
+
+
+def test_a_worker_whose_kill_the_leader_proved_says_it_once():
+    proven = summarize(
+        log_of(KILLED.format(rank=2, host="algo-2")), 137, host_of, memory_of=lambda host: LIMIT
+    )
+    assert relayed(proven, "algo-2", "algo-1", memory=lambda: LIMIT).reason == (
+        f"{proven.reason} (reported to algo-2 by the leader algo-1)"
+    )
     success = Outcome.success()
     assert relayed(success, "algo-2", "algo-1", memory=lambda: LIMIT) == success
+
+
+# mpirun's output when the kernel killed rank 1 on algo-2 and rank 0 lost it mid-collective
+# (tests/image/test_memory_falls.py, one rank per host; the failure report shortened).
+KILLED_MID_COLLECTIVE = """--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+[1,0]<stderr>:TRAIN-FAILURE rank=0 host=algo-1 kind=rank: JaxRuntimeError: UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [10.89.0.3]:29843 (at array.py, line 623: npy_value)
+[1,0]<stderr>:jax.errors.JaxRuntimeError: UNKNOWN: Gloo AllGather failed: Connection closed by peer
+--------------------------------------------------------------------------
+mpirun noticed that process rank 1 with PID 19 on node algo-2 exited on signal 9 (Killed).
+--------------------------------------------------------------------------
+"""  # noqa: E501
+
+
+def test_an_oom_kill_proven_on_another_host_comes_before_the_error_a_peer_reported_after_it():
+    """The rank that lost its killed peer reports an error first; when the killed rank's host
+    counted an OOM kill, the kill is the root cause, and the report only its consequence."""
+    log = log_of(KILLED_MID_COLLECTIVE)
+    outcome = summarize(log, 137, HOSTS.__getitem__, memory_of=lambda host: LIMIT)
+    assert outcome == Outcome(
+        FailureKind.RANK,
+        (
+            f"rank 1 on host algo-2 was killed by signal 9 (Killed) - {killed(LIMIT, 'algo-2')}; "
+            "rank 0 on host algo-1 failed after it: JaxRuntimeError"
+        ),
+        137,
+    )
+    unproven = summarize(log, 137, HOSTS.__getitem__, memory_of=lambda host: None)
+    assert unproven.reason.startswith(  # "likely" is no reason to doubt the rank's own report
+        "rank 0 on host algo-1 failed (exit code 137): JaxRuntimeError: UNKNOWN: Gloo AllGather"
+    )

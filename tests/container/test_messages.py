@@ -4,7 +4,8 @@ read back the same; a line that is no message is a MalformedMessage that says wh
 import pytest
 
 from container.failure import Outcome
-from container.messages import BYE, PING, MalformedMessage, Message, Verb, parse
+from container.messages import BYE, MEMORY, PING, MalformedMessage, Message, Verb, parse
+from container.oom import CgroupMemory
 from job.protocol import FailureKind
 
 FAILED = Outcome.failed(FailureKind.CONFIG, 'bad "lr"\nsee the README', 2)
@@ -19,6 +20,10 @@ GOLDEN = [
     (Message(Verb.EXIT, outcome=Outcome.success()), 'EXIT 0 ok ""'),
     (Message(Verb.EXIT, outcome=FAILED), 'EXIT 2 config "bad \\"lr\\"\\nsee the README"'),
     (Message(Verb.ENDED, outcome=FAILED), 'ENDED 2 config "bad \\"lr\\"\\nsee the README"'),
+    (MEMORY, "MEMORY"),
+    (Message(Verb.OOM_KILLS, memory=CgroupMemory(1, 3 * 2**30)), "OOM_KILLS 1 3221225472"),
+    (Message(Verb.OOM_KILLS, memory=CgroupMemory(0, None)), "OOM_KILLS 0 -"),  # no limit
+    (Message(Verb.OOM_KILLS), "OOM_KILLS -"),  # its cgroup cannot be read
 ]
 
 
@@ -51,6 +56,14 @@ def test_a_multi_line_reason_is_sent_on_one_line_whole():
         ('EXIT 1 bogus "x"', "not an outcome", Verb.EXIT),
         ("ENDED 1 config " + "[" * 5000 + "]" * 5000, "an outcome nested too deeply", Verb.ENDED),
         ('ENDED 0 ok "fine"', "ENDED without a failure", Verb.ENDED),
+        ("MEMORY now", "MEMORY takes nothing after it", Verb.MEMORY),
+        ("OOM_KILLS", "OOM_KILLS without its argument", Verb.OOM_KILLS),
+        ("OOM_KILLS 1", "not an OOM kill count and a limit: 'OOM_KILLS 1'", Verb.OOM_KILLS),
+        ("OOM_KILLS -1 5", "not an OOM kill count and a limit", Verb.OOM_KILLS),
+        ("OOM_KILLS 1 max", "not an OOM kill count and a limit", Verb.OOM_KILLS),
+        ("OOM_KILLS 1 2 3", "not an OOM kill count and a limit", Verb.OOM_KILLS),
+        ("OOM_KILLS \u00b2 5", "not an OOM kill count and a limit", Verb.OOM_KILLS),
+        ("OOM_KILLS - -", "not an OOM kill count and a limit", Verb.OOM_KILLS),
     ],
 )
 def test_a_line_that_is_no_message_says_what_is_wrong(line, problem, verb):
@@ -65,3 +78,8 @@ def test_an_outcome_comes_with_exit_and_ended_only():
         Message(Verb.FAIL, outcome=FAILED)
     with pytest.raises(ValueError, match="carries an outcome exactly when it is EXIT or ENDED"):
         Message(Verb.EXIT)
+
+
+def test_a_memory_cgroup_comes_with_oom_kills_only():
+    with pytest.raises(ValueError, match="PING carries no memory cgroup; OOM_KILLS does"):
+        Message(Verb.PING, memory=CgroupMemory(1, None))

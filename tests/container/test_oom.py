@@ -5,6 +5,7 @@ below are real files, cgroup v1's as read inside a podman container on these mac
 from container.oom import (
     ADVICE,
     CgroupMemory,
+    counted_in,
     host_ran_out,
     killed,
     parse_v1,
@@ -46,14 +47,18 @@ def test_read_memory_takes_v2_then_v1_and_none_without_either(tmp_path):
 
 
 def test_a_kill_is_named_out_of_memory_only_when_the_cgroup_counted_one():
-    assert killed(None) is None
-    assert killed(CgroupMemory(0, 3 * 2**30)) is None
-    assert killed(CgroupMemory(1, 3 * 2**30)) == (
-        "out of memory: the kernel's OOM killer killed it at the container's memory limit of "
-        f"3.0 GiB (1 OOM kill counted in its memory cgroup); {ADVICE}"
+    assert killed(None, "algo-2") is None
+    assert killed(CgroupMemory(0, 3 * 2**30), "algo-2") is None
+    assert killed(CgroupMemory(1, 3 * 2**30), "algo-2") == (
+        "out of memory: the kernel's OOM killer killed it at algo-2's memory limit of "
+        f"3.0 GiB (1 OOM kill counted in algo-2's memory cgroup); {ADVICE}"
     )
-    assert "at the host's memory (no container limit) (3 OOM kills" in killed(CgroupMemory(3, None))
-    assert "memory limit of 512 MiB" in killed(CgroupMemory(1, 512 * 2**20))
+    assert (
+        "when algo-1 ran out of memory (no container limit) (3 OOM kills counted in algo-1's"
+        in (killed(CgroupMemory(3, None), "algo-1"))
+    )
+    assert "memory limit of 512 MiB" in killed(CgroupMemory(1, 512 * 2**20), "algo-1")
+    assert counted_in("algo-2") in killed(CgroupMemory(1, None), "algo-2")
 
 
 def test_a_hosts_own_finding_names_it_and_advises_once():
@@ -61,8 +66,8 @@ def test_a_hosts_own_finding_names_it_and_advises_once():
     assert host_ran_out("algo-2", CgroupMemory(0, None)) is None
     found = host_ran_out("algo-2", memory)
     assert found.startswith(
-        "host algo-2 ran out of memory: the kernel's OOM killer killed a process there at the "
-        "container's memory limit of 3.0 GiB"
+        "host algo-2 ran out of memory: the kernel's OOM killer killed a process there at "
+        "algo-2's memory limit of 3.0 GiB (1 OOM kill counted in algo-2's memory cgroup)"
     )
     assert found.endswith(ADVICE)
     assert not host_ran_out("algo-2", memory, advise=False).endswith(ADVICE)
