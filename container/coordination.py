@@ -27,7 +27,11 @@ A rank killed by SIGKILL on a worker's host was out of memory for certain only i
 memory cgroup counted an OOM kill, which only that host can read: when mpirun reports such a
 kill, the leader asks the worker (MEMORY) and its launcher answers with what its cgroup counted
 (OOM_KILLS), which the failure's reason then names (`Leader.memory_of`, container.failure).
-Asked, not pushed: the kernel counts an OOM kill as it sends the SIGKILL, long before mpirun
+Only kills since the attempt started prove anything (container.oom.since): an earlier attempt's
+kill there says nothing of this one's SIGKILL. The workers are not told of restarts (the leader
+alone runs mpirun, container.restarts), so the leader keeps each worker's start: it asks every
+ready worker the same question as each attempt starts (`Leader.start_attempt`) and answers
+`memory_of` with the difference. Asked, not pushed: the kernel counts an OOM kill as it sends the SIGKILL, long before mpirun
 hears of the death, so the count is there when asked, and no worker polls its cgroup meanwhile.
 The question waits at most MEMORY_TIMEOUT for the answer: the job's end is never held longer.
 
@@ -55,7 +59,7 @@ from container.failure import Outcome, relayed
 from container.logs import log
 from container.messages import BYE, MEMORY, PING, MalformedMessage, Message, Verb, parse
 from container.network import address_of
-from container.oom import CgroupMemory, read_memory
+from container.oom import CgroupMemory, read_memory, since
 from job.errors import PlatformError, TrainError
 from job.protocol import FailureKind
 
@@ -419,6 +423,8 @@ class Leader:
         self.abort = threading.Event()  # set when a data host ended the job: stop the ranks
         self.public_key = public_key
         self.heartbeat_timeout = heartbeat_timeout
+        # each worker's memory cgroup as the current attempt started (None: it did not answer)
+        self.attempt_start: dict[str, CgroupMemory | None] = {}
         try:
             self.server = socket.create_server((address, port))
         except OSError as error:
@@ -562,10 +568,34 @@ class Leader:
         keys = self.roster.wait_ready(timeout)
         return {host: key for host, key in keys.items() if host not in self.data_hosts}
 
+    def start_attempt(self, timeout: float = MEMORY_TIMEOUT) -> None:
+        """Ask every ready worker what its memory cgroup counted as an attempt starts (all at
+        once: at most `timeout` in all), the start `memory_of` counts from."""
+        with self.roster.condition:
+            hosts = [host for host in self.roster.peers if host not in self.data_hosts]
+        start: dict[str, CgroupMemory | None] = {}
+        asking = [
+            threading.Thread(
+                target=lambda h: start.update({h: self._ask(h, timeout)}), args=(host,)
+            )
+            for host in hosts
+        ]
+        for thread in asking:
+            thread.start()
+        for thread in asking:
+            thread.join()
+        self.attempt_start = start
+
     def memory_of(self, host: str, timeout: float = MEMORY_TIMEOUT) -> CgroupMemory | None:
-        """What the worker `host` reads of its memory cgroup now, asked over its connection
-        (container.failure.summarize's `memory_of`); None when it is no worker that is ready
-        and connected, cannot read its cgroup, or does not answer within `timeout`."""
+        """The OOM kills the worker `host`'s memory cgroup counted since the attempt started
+        (start_attempt), asked now over its connection (container.failure.summarize's
+        `memory_of`); None when its start is unknown, or it is no worker that is ready and
+        connected, cannot read its cgroup, or does not answer within `timeout`."""
+        start = self.attempt_start.get(host)
+        return None if start is None else since(self._ask(host, timeout), start)
+
+    def _ask(self, host: str, timeout: float) -> CgroupMemory | None:
+        """What the worker `host` reads of its memory cgroup now (MEMORY, OOM_KILLS)."""
         with self.roster.condition:
             peer = self.roster.peers.get(host)
             if peer is None or peer.state is not PeerState.READY or host in self.data_hosts:
@@ -682,11 +712,17 @@ def _serve_leader(
     return message.outcome
 
 
-def leaders_outcome(outcome: Outcome, host: str, leader: str) -> Outcome:
+def leaders_outcome(
+    outcome: Outcome,
+    host: str,
+    leader: str,
+    memory: Callable[[], CgroupMemory | None] = read_memory,
+) -> Outcome:
     """How a worker or a data host ends: it says what the leader reported and returns this
-    host's copy of the outcome (container.failure.relayed)."""
+    host's copy of the outcome (container.failure.relayed, with this host's memory cgroup as
+    `memory` reads it: a worker's counts from its launcher's start)."""
     log.info(f"the leader {leader} reports exit code {outcome.exit_code}")
-    return relayed(outcome, host, leader)
+    return relayed(outcome, host, leader, memory)
 
 
 def _connect(

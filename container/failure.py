@@ -14,10 +14,12 @@ A host that vanished or could not be reached over ssh is a cluster failure; a ra
 died without a report (killed by a signal, `os._exit`) is a rank failure with mpirun's code;
 one killed by SIGKILL is named out of memory for certain when its host's memory cgroup counted
 an OOM kill (container.oom: the leader reads its own, and asks a worker's launcher for the
-worker's over the coordinator), "likely" otherwise. Everything here is pure text processing of
-mpirun's output and of what the cgroup files said (read by the callables passed in:
-container.oom.read_memory for this host, the coordinator's question for another), so it is
-tested against real mpirun output and real cgroup files.
+worker's over the coordinator), "likely" otherwise; only kills since the attempt started
+count, since one of an earlier attempt proves nothing about this one (container.oom.since).
+Everything here is pure text processing of mpirun's output and of what the cgroup files said
+(read by the callables passed in: container.oom.counting_from_now for this host, the
+coordinator's question for another), so it is tested against real mpirun output and real
+cgroup files.
 
 The budget, in bytes: a rank's report holds at most job.protocol.REPORT_LIMIT (600) bytes of
 error, whose type, user's file and line and hint are never cut; `summarize` puts the failing
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from container.logs import log
-from container.oom import ADVICE, CgroupMemory, counted_in, host_ran_out, killed, read_memory
+from container.oom import ADVICE, CgroupMemory, counted_in, host_ran_out, killed
 from job.checkpoint_folders import STATE, newest_usable
 from job.paths import MlPaths
 from job.protocol import (
@@ -139,14 +141,16 @@ def summarize(
     log: OutputLog,
     exit_code: int,
     host_of_rank: Callable[[int], str],
-    memory: Callable[[], CgroupMemory | None] = read_memory,
+    memory: Callable[[], CgroupMemory | None] = lambda: None,
     memory_of: Callable[[str], CgroupMemory | None] = lambda host: None,
 ) -> Outcome:
     """How a job whose mpirun exited with `exit_code` failed, and why. A rank killed by
     SIGKILL was out of memory for certain when its host's memory cgroup (container.oom)
-    counted an OOM kill: `memory` reads this host's, the one mpirun runs on (rank 0's), and
-    `memory_of(host)` learns another host's (None: unknown; on the leader of several hosts,
-    container.coordination.Leader.memory_of asks that host's launcher, briefly). A kill so
+    counted an OOM kill since the attempt started: `memory` reads this host's, the one mpirun
+    runs on (rank 0's), and `memory_of(host)` learns another host's (None: unknown; on the
+    leader of several hosts, container.coordination.Leader.memory_of asks that host's
+    launcher, briefly). Neither reads a cgroup unless passed: a count since the container
+    started could hold an earlier attempt's kill. A kill so
     proven is the root cause even when another rank reported an error: it lost that peer."""
     text = "\n".join(log.untagged)
     signal = _SIGNAL.search(text)
@@ -291,13 +295,15 @@ def relayed(
     outcome: Outcome,
     host: str,
     leader: str,
-    memory: Callable[[], CgroupMemory | None] = read_memory,
+    memory: Callable[[], CgroupMemory | None] = lambda: None,
 ) -> Outcome:
     """A worker's copy of the leader's outcome: the root cause first, since SageMaker may show
     any host's failure file, then which host relayed it; then, when this host's memory cgroup
     (`memory`, container.oom) counted an OOM kill that the leader's reason does not already
     name, that this host ran out of memory (a process other than a rank was killed, or the
-    leader could not hear this host's answer in time and said "likely")."""
+    leader could not hear this host's answer in time and said "likely"); `memory` counts from
+    the launcher's start (container.oom.counting_from_now: a worker is not told of restarts),
+    and nothing is read unless it is passed."""
     if outcome.kind is None:
         return outcome
     reason = f"{outcome.reason} (reported to {host} by the leader {leader})"

@@ -15,13 +15,23 @@ Inside a container both paths are its own cgroup. A host reads only its own: the
 confirms a kill of a rank on its own host from its cgroup and one on a worker's host from what
 that worker's launcher read of its own, asked over the coordinator (container.coordination's
 MEMORY; container.failure.summarize words it); a worker's copy of the leader's reason adds its
-own finding when the leader's does not name it (container.failure.relayed). The count is
-since the container started, and SageMaker starts a fresh container for every job.
-Parsing is pure (tested on the kernels' texts); `read_memory` is the one effect.
+own finding when the leader's does not name it (container.failure.relayed).
+
+The kernel counts since the container started, which is not the failure's time: with
+`max_restarts` (container.restarts) an OOM kill in attempt 1 would make any later SIGKILL (a
+user's `kill -9`, a crashed helper) read as out of memory for certain, and so would a kill of
+whatever the host ran before the job. So every reading that proves a kill counts only the
+kills since the attempt started (`since`): the leader reads its own cgroup and asks each
+worker's at the start of every attempt (container.train_cli.supervise,
+container.coordination.Leader.start_attempt); a worker's own finding counts from when its
+launcher started, since it is not told of restarts.
+Parsing and the difference are pure (tested on the kernels' texts); `read_memory` is the one
+effect.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +102,23 @@ def read_memory(root: Path = CGROUP) -> CgroupMemory | None:
     if oom_control is not None:
         return parse_v1(oom_control, _read(root / "memory" / "memory.limit_in_bytes"))
     return None
+
+
+def since(now: CgroupMemory | None, start: CgroupMemory | None) -> CgroupMemory | None:
+    """The OOM kills counted between two readings of one cgroup (`start` taken when the attempt
+    started, `now` after it failed), at the limit read now; None when either is unknown: a
+    count without its start may hold kills of an earlier attempt."""
+    if now is None or start is None:
+        return None
+    return CgroupMemory(max(now.oom_kills - start.oom_kills, 0), now.limit)
+
+
+def counting_from_now(
+    read: Callable[[], CgroupMemory | None] = read_memory,
+) -> Callable[[], CgroupMemory | None]:
+    """A reader of this container's cgroup that counts only the kills from this call on."""
+    start = read()
+    return lambda: since(read(), start)
 
 
 def size(count: int) -> str:

@@ -126,6 +126,7 @@ def run_supervised(
     abort: threading.Event | None = None,
     checkpoint_dir: Path | None = None,
     forward_stop: bool = True,
+    memory: Callable[[], CgroupMemory | None] = lambda: None,
     memory_of: Callable[[str], CgroupMemory | None] = lambda host: None,
 ) -> Outcome:
     """Run mpirun (or a data host's program) to the end in a session of its own
@@ -134,8 +135,9 @@ def run_supervised(
     `forward_stop` off: a stop is not passed on to the program, which runs on until `abort`
     or the grace ends it (a data host's, container.data_host);
     `checkpoint_dir`: where a stop's reason looks for the checkpoint a restart resumes from;
-    `memory_of(host)`: another host's memory cgroup, which says whether a rank killed there
-    was out of memory (container.failure.summarize)."""
+    `memory()`, `memory_of(host)`: this host's and another host's memory cgroup, counted since
+    this attempt started, which say whether a rank killed there was out of memory
+    (container.failure.summarize)."""
     output_log, lines = OutputLog(), WholeLines()
 
     def take(line: str) -> None:
@@ -167,13 +169,13 @@ def run_supervised(
     if exit_code == 0 and not stopped:
         return Outcome.success()
     if stopped:
-        detail = stop_detail(output_log, exit_code, stops, host_of_rank, checkpoint_dir)
+        detail = stop_detail(output_log, exit_code, stops, host_of_rank, checkpoint_dir, memory)
         return Outcome.failed(
             FailureKind.STOPPED,
             f"training was stopped by a signal (job "
             f"stopped, max runtime or spot reclaim); {detail}",
         )
-    return summarize(output_log, exit_code, host_of_rank, memory_of=memory_of)
+    return summarize(output_log, exit_code, host_of_rank, memory, memory_of)
 
 
 def stop_detail(
@@ -182,6 +184,7 @@ def stop_detail(
     stops: StopSignals,
     host_of_rank: Callable[[int], str],
     checkpoint_dir: Path | None = None,
+    memory: Callable[[], CgroupMemory | None] = lambda: None,
 ) -> str:
     """What the ranks confirmed they saved after a stop; else why nothing was confirmed, and
     the checkpoint a restart resumes from (saved before the stop: a script stopped after its
@@ -195,7 +198,8 @@ def stop_detail(
             "saving takes longer"
         )
     elif exit_code != 0 and log.reports:
-        why = f"no checkpoint was confirmed: {summarize(log, exit_code, host_of_rank).reason}"
+        failed = summarize(log, exit_code, host_of_rank, memory)
+        why = f"no checkpoint was confirmed: {failed.reason}"
     else:
         why = "no checkpoint was confirmed at the stop"
     return why if checkpoint_dir is None else f"{why}; {restart_point(checkpoint_dir)}"

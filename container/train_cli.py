@@ -66,7 +66,7 @@ from container.data_host import run_data_host
 from container.failure import Outcome, write_failure
 from container.init import become_init
 from container.logs import log
-from container.oom import CgroupMemory
+from container.oom import CgroupMemory, counting_from_now
 from container.plan import LaunchPlan, make_plan
 from container.restarts import run_with_restarts
 from container.session import adopt_orphans, end_descendants
@@ -254,15 +254,20 @@ def supervise(
     root_cause: Callable[[Outcome], Outcome] = lambda outcome: outcome,
     abort: threading.Event | None = None,
     memory_of: Callable[[str], CgroupMemory | None] = lambda host: None,
+    start_attempt: Callable[[], None] = lambda: None,
 ) -> Outcome:
     """Run the plan's mpirun under the stop signals and the progress watchdog, again after a
     failure while `max_restarts` allows (container.restarts); `root_cause` names what made
     an attempt fail (on the leader of several hosts: a lost worker or a data host's failure,
     which also sets `abort`); `memory_of` asks a worker host what its memory cgroup counted
-    (the leader's coordinator: whether a rank killed there was out of memory)."""
+    since `start_attempt` ran, which each attempt runs first (the leader's coordinator:
+    whether a rank killed there was out of memory). This host's cgroup is read as each
+    attempt starts too: an earlier attempt's OOM kill proves nothing about a later SIGKILL."""
     cluster = plan.cluster
 
     def attempt() -> Outcome:
+        start_attempt()
+        memory = counting_from_now()
         watch = ProgressWatch.of(
             plan.launch,
             bool(plan.job.program),
@@ -278,6 +283,7 @@ def supervise(
                 watch=watch,
                 abort=abort,
                 checkpoint_dir=paths.checkpoint_dir,
+                memory=memory,
                 memory_of=memory_of,
             )
         )
@@ -336,7 +342,12 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
         log.info(f"all {hosts} hosts ready")
         print(mark_line(Mark.HOSTS_READY), flush=True)
         outcome = supervise(
-            plan, paths, coordinator.root_cause, coordinator.abort, coordinator.memory_of
+            plan,
+            paths,
+            coordinator.root_cause,
+            coordinator.abort,
+            coordinator.memory_of,
+            coordinator.start_attempt,
         )
     except TrainError as error:
         coordinator.finish(Outcome.failed(error.kind, str(error)))
@@ -366,6 +377,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         lambda *_: log.info("SIGTERM received; the leader is stopping the job"),
     )
     adopt_orphans()  # what a rank leaves here outlives the MPI daemon that started it
+    memory = counting_from_now()  # this host's own finding counts the job's kills only
     try:
         outcome = follow_leader(
             cluster.leader,
@@ -381,7 +393,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
         for process in started:
             sshd.stop(process)
         end_descendants("every process the job left on this host", "the job has ended")
-    return leaders_outcome(outcome, cluster.current_host, cluster.leader)
+    return leaders_outcome(outcome, cluster.current_host, cluster.leader, memory)
 
 
 if __name__ == "__main__":

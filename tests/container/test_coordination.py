@@ -452,8 +452,9 @@ LIMIT = 3 * 2**30
 def test_the_leader_learns_what_a_workers_memory_cgroup_counted_when_it_asks():
     """A rank killed by SIGKILL on a worker's host: the leader asks that worker's launcher,
     which reads its own cgroup then (not before: each question gets a fresh reading), and the
-    failure's reason names the kill for certain; a worker that cannot read its cgroup, or a
-    host that is no worker, leaves it unknown at once."""
+    failure's reason names the kills counted since the attempt started (the leader asked at
+    its start) for certain; a worker that cannot read its cgroup, a host that is no worker, or
+    one whose start is unknown, leaves it unknown at once."""
     port, results, reads = free_port(), {}, []
 
     def counted():
@@ -466,8 +467,11 @@ def test_the_leader_learns_what_a_workers_memory_cgroup_counted_when_it_asks():
         start_worker(port, "127.0.0.3", results, memory=lambda: None),
     ]
     leader.wait_ready(timeout=10)
+    assert leader.memory_of("127.0.0.2") is None  # no attempt started: not asked
     assert reads == []  # read when asked only
-    assert leader.memory_of("127.0.0.2") == CgroupMemory(1, LIMIT)
+    leader.start_attempt()
+    assert reads == [1]  # its start: 1 kill, before this attempt
+    assert leader.memory_of("127.0.0.2") == CgroupMemory(1, LIMIT)  # 2 since the start: 1
     assert leader.memory_of("127.0.0.2") == CgroupMemory(2, LIMIT)
     started = time.monotonic()
     assert leader.memory_of("127.0.0.3") is None  # it answered that it cannot read it
@@ -501,13 +505,16 @@ def test_a_worker_that_does_not_answer_holds_the_job_at_most_the_memory_timeout(
         assert lines.readline().startswith(b"KEY ")
         worker.sendall(b"READY hostkey\n")
         leader.wait_ready(timeout=5)
+        threading.Timer(0.2, worker.sendall, args=(b"OOM_KILLS 0 -\n",)).start()
+        leader.start_attempt()
+        assert next(line for line in lines if line != b"PING\n") == b"MEMORY\n"
         started = time.monotonic()
         assert leader.memory_of("127.0.0.2", timeout=0.5) is None
         assert 0.5 <= time.monotonic() - started < 1.5
         assert next(line for line in lines if line != b"PING\n") == b"MEMORY\n"
         worker.sendall(b"OOM_KILLS 2 -\n")  # too late: the question has had its answer, None
         eventually(
-            lambda: leader.roster.peers["127.0.0.2"].memory_answers == 1,
+            lambda: leader.roster.peers["127.0.0.2"].memory_answers == 2,
             "the late answer was never read",
         )
         threading.Timer(0.2, worker.sendall, args=(b"OOM_KILLS 3 -\n",)).start()
@@ -520,3 +527,37 @@ def test_a_worker_that_does_not_answer_holds_the_job_at_most_the_memory_timeout(
     assert leader.memory_of("127.0.0.2", timeout=5) is None  # lost: not asked
     assert time.monotonic() - started < 1.0
     leader.finish(Outcome.success(), timeout=1)
+
+
+def test_a_workers_oom_kill_in_an_earlier_attempt_leaves_a_later_sigkill_likely():
+    """max_restarts: attempt 1's rank on the worker was killed by the OOM killer, attempt 2's
+    by someone else's `kill -9`. The worker's cgroup still counts attempt 1's kill, but the
+    leader asked it as attempt 2 started, so attempt 2's reason is "likely", not certain; a
+    worker that did not answer at the start leaves it unknown (its count may hold old kills)."""
+    port, results, kernel = free_port(), {}, [0]  # the OOM kills the worker's cgroup counted
+    leader = start_leader(port)
+    threads = [
+        start_worker(port, "127.0.0.2", results, memory=lambda: CgroupMemory(kernel[0], LIMIT)),
+        start_worker(port, "127.0.0.3", results, memory=lambda: None),
+    ]
+    leader.wait_ready(timeout=10)
+    log = OutputLog()
+    log.add(
+        "mpirun noticed that process rank 1 with PID 0 on node 127.0.0.2 exited on signal 9 "
+        "(Killed)."
+    )
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    leader.start_attempt()  # attempt 1
+    kernel[0] += 1  # the OOM killer kills rank 1
+    first = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
+    assert first.reason.endswith(killed(CgroupMemory(1, LIMIT), "127.0.0.2"))
+    leader.start_attempt()  # attempt 2: rank 1 is killed again, by `kill -9`
+    second = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
+    assert second.reason == (
+        "rank 1 on host 127.0.0.2 was killed by signal 9 (Killed) - likely out of memory"
+    )
+    assert leader.memory_of("127.0.0.3") is None
+    leader.finish(second)
+    for thread in threads:
+        thread.join(timeout=5)
+    assert results["127.0.0.2"] == second

@@ -1,7 +1,12 @@
 """Failure reasons from mpirun output (texts as OpenMPI 4.1 prints them)."""
 
+import json
+import sys
+
 from container.failure import FAILURE_LIMIT, Outcome, OutputLog, relayed, summarize, write_failure
-from container.oom import ADVICE, CgroupMemory, host_ran_out, killed
+from container.oom import ADVICE, CgroupMemory, counting_from_now, host_ran_out, killed
+from container.restarts import ATTEMPTS_FILE, run_with_restarts
+from container.supervisor import run_supervised
 from job.errors import ConfigError
 from job.paths import MlPaths
 from job.protocol import ELISION, REPORT_LIMIT, FailureKind, rank_failure
@@ -316,3 +321,36 @@ def test_an_oom_kill_proven_on_another_host_comes_before_the_error_a_peer_report
     assert unproven.reason.startswith(  # "likely" is no reason to doubt the rank's own report
         "rank 0 on host algo-1 failed (exit code 137): JaxRuntimeError: UNKNOWN: Gloo AllGather"
     )
+
+
+def test_an_oom_kill_of_an_earlier_attempt_proves_nothing_about_a_later_sigkill(tmp_path):
+    """max_restarts=1 on real processes (each attempt a program that says what mpirun says of
+    a SIGKILL and exits as mpirun does), with this host's cgroup read as
+    container.train_cli.supervise reads it: from each attempt's start. Attempt 1's kill was
+    the OOM killer's (counted between its start and its end); attempt 2's was someone else's
+    `kill -9` (no kill counted since it started, though the container's count is still 1)."""
+    readings = iter([0, 1, 1, 1])  # attempt 1: start, end; attempt 2: start, end
+    kills = []
+
+    def read():
+        kills.append(next(readings))
+        return CgroupMemory(kills[-1], LIMIT.limit)
+
+    killed_line = KILLED.format(rank=1, host="algo-1")
+    program = [sys.executable, "-c", f"print({killed_line!r}, flush=True); exit(137)"]
+
+    def attempt():
+        memory = counting_from_now(read)
+        return run_supervised(program, grace=5, host_of_rank=host_of, memory=memory)
+
+    outcome = run_with_restarts(attempt, 1, tmp_path / "checkpoints", tmp_path)
+    assert kills == [0, 1, 1, 1]
+    first = json.loads((tmp_path / ATTEMPTS_FILE).read_text())[0]["reason"]
+    assert first == (
+        "rank 1 on host algo-1 was killed by signal 9 (Killed) - "
+        f"{killed(CgroupMemory(1, LIMIT.limit), 'algo-1')}"
+    )
+    assert outcome.reason.startswith(
+        "rank 1 on host algo-1 was killed by signal 9 (Killed) - likely out of memory (attempt 2"
+    )
+    assert outcome.exit_code == 137

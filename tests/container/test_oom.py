@@ -6,11 +6,13 @@ from container.oom import (
     ADVICE,
     CgroupMemory,
     counted_in,
+    counting_from_now,
     host_ran_out,
     killed,
     parse_v1,
     parse_v2,
     read_memory,
+    since,
 )
 from job.hints import OUT_OF_MEMORY
 
@@ -44,6 +46,34 @@ def test_read_memory_takes_v2_then_v1_and_none_without_either(tmp_path):
     assert read_memory(tmp_path) == CgroupMemory(2, None)  # no memory.max: no limit known
     (tmp_path / "memory.max").write_text("max\n")
     assert read_memory(tmp_path) == CgroupMemory(2, None)
+
+
+def test_only_the_kills_since_the_attempt_started_count():
+    """Two readings of one cgroup, as the kernels write them: the start (an earlier attempt's
+    kill already counted) and after the failure; the limit is the one read last."""
+    v2_start = parse_v2(V2_EVENTS.replace("oom_kill 2", "oom_kill 1"), "max\n")
+    assert since(parse_v2(V2_EVENTS, "3221225472\n"), v2_start) == CgroupMemory(1, 3 * 2**30)
+    assert since(parse_v2(V2_EVENTS, None), parse_v2(V2_EVENTS, None)) == CgroupMemory(0, None)
+    v1_start = parse_v1(V1_OOM_CONTROL, "536870912\n")
+    later = V1_OOM_CONTROL.replace("oom_kill 1", "oom_kill 4")
+    assert since(parse_v1(later, "536870912\n"), v1_start) == CgroupMemory(3, 512 * 2**20)
+    assert killed(since(parse_v1(V1_OOM_CONTROL, None), v1_start), "algo-1") is None
+    # a start that could not be read may hide an earlier attempt's kill: nothing is known
+    assert since(parse_v1(later, None), None) is None
+    assert since(None, v1_start) is None
+
+
+def test_a_reader_counting_from_now_leaves_out_the_kills_before_it(tmp_path):
+    """This container's cgroup files (v2), rewritten as the kernel counts a kill: a reader
+    made after the first kill sees only the second."""
+    (tmp_path / "memory.events").write_text(V2_EVENTS.replace("oom_kill 2", "oom_kill 1"))
+    (tmp_path / "memory.max").write_text("3221225472\n")
+    memory = counting_from_now(lambda: read_memory(tmp_path))
+    assert memory() == CgroupMemory(0, 3 * 2**30)
+    (tmp_path / "memory.events").write_text(V2_EVENTS)
+    assert memory() == CgroupMemory(1, 3 * 2**30)
+    assert counting_from_now(lambda: read_memory(tmp_path))() == CgroupMemory(0, 3 * 2**30)
+    assert counting_from_now(lambda: read_memory(tmp_path / "none"))() is None
 
 
 def test_a_kill_is_named_out_of_memory_only_when_the_cgroup_counted_one():
