@@ -546,18 +546,20 @@ def test_a_workers_oom_kill_in_an_earlier_attempt_leaves_a_later_sigkill_likely(
         "mpirun noticed that process rank 1 with PID 0 on node 127.0.0.2 exited on signal 9 "
         "(Killed)."
     )
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    leader.start_attempt()  # attempt 1
-    kernel[0] += 1  # the OOM killer kills rank 1
-    first = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
-    assert first.reason.endswith(killed(CgroupMemory(1, LIMIT), "127.0.0.2"))
-    leader.start_attempt()  # attempt 2: rank 1 is killed again, by `kill -9`
-    second = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
-    assert second.reason == (
-        "rank 1 on host 127.0.0.2 was killed by signal 9 (Killed) - likely out of memory"
-    )
-    assert leader.memory_of("127.0.0.3") is None
-    leader.finish(second)
-    for thread in threads:
-        thread.join(timeout=5)
+    hosts, second = ["127.0.0.1", "127.0.0.2"], FAILED
+    try:  # the workers end only when told: a failed assertion must not leave them waiting
+        leader.start_attempt()  # attempt 1
+        kernel[0] += 1  # the OOM killer kills rank 1
+        first = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
+        assert first.reason.endswith(killed(CgroupMemory(1, LIMIT), "127.0.0.2"))
+        leader.start_attempt()  # attempt 2: rank 1 is killed again, by `kill -9`
+        second = summarize(log, 137, hosts.__getitem__, lambda: None, leader.memory_of)
+        assert second.reason == (
+            "rank 1 on host 127.0.0.2 was killed by signal 9 (Killed) - likely out of memory"
+        )
+        assert leader.memory_of("127.0.0.3") is None
+    finally:
+        leader.finish(second)
+        for thread in threads:
+            thread.join(timeout=5)
     assert results["127.0.0.2"] == second
