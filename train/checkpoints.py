@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,7 +120,14 @@ class ArrayCheckpoint:
         from train.sync import local_value
 
         Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-        np.savez(f"{prefix}.npz", *[local_value(v) for v in self.variables])
+        # np.savez's file, written one variable at a time: np.savez takes every array at once,
+        # so the whole model and its optimizer's moments were held whole besides the
+        # variables themselves (measured: +93 MiB over the training peak for 15.8M
+        # parameters, docs/model-parallel.md)
+        with zipfile.ZipFile(f"{prefix}.npz", "w", allowZip64=True) as archive:
+            for index, variable in enumerate(self.variables):
+                with archive.open(f"arr_{index}.npy", "w", force_zip64=True) as entry:
+                    np.lib.format.write_array(entry, np.asarray(local_value(variable)))
 
     def read(self, prefix: str) -> ArrayCheckpoint:
         folder = Path(prefix).parent

@@ -442,7 +442,9 @@ class KerasOnJax(OverMpi, Sync):
     def plain(self, model: Model, builder: Callable[[], Model]) -> Model:
         """The trained model outside the distribution (for rank 0's export alone): a new
         model from `builder` with the whole weights (with a model axis across processes
-        gathered by every process, once each host agreed that they fit its memory)."""
+        gathered by every process, once each host agreed that they fit its memory), read
+        and assigned one weight at a time: never a second whole model besides the copy."""
+        import jax
         import keras
 
         if self.mesh.group > 1:  # a model axis across processes
@@ -452,10 +454,14 @@ class KerasOnJax(OverMpi, Sync):
                 sum(nbytes(weight) for weight in model.weights),
                 EXPORT_INSTEAD,
             )
-        weights = [gathered_value(weight) for weight in model.weights]
         keras.distribution.set_distribution(None)
         copy = builder()
-        copy.set_weights(weights)
+        # JAX computes the copy's random initial values asynchronously, with temporaries of
+        # about 4 times its weights (measured): done before any whole weight is read, so
+        # that they do not add to the gather and the save
+        jax.block_until_ready([target.value for target in copy.weights])
+        for weight, target in zip(model.weights, copy.weights, strict=True):
+            target.assign(gathered_value(weight))
         return copy
 
 
