@@ -716,7 +716,7 @@ def leaders_outcome(
     outcome: Outcome,
     host: str,
     leader: str,
-    memory: Callable[[], CgroupMemory | None] = read_memory,
+    memory: Callable[[], CgroupMemory | None],
 ) -> Outcome:
     """How a worker or a data host ends: it says what the leader reported and returns this
     host's copy of the outcome (container.failure.relayed, with this host's memory cgroup as

@@ -34,6 +34,7 @@ from container.coordination import follow_leader, leaders_outcome
 from container.failure import Outcome
 from container.logs import log
 from container.messages import Message, Verb
+from container.oom import counting_from_now
 from container.plan import LaunchPlan
 from container.supervisor import run_supervised
 from job.errors import TrainError
@@ -69,6 +70,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
             ended.set()
             ready.set()
 
+    memory = counting_from_now()  # this host's own finding counts the job's kills only
     threading.Thread(target=follow, daemon=True, name="leader").start()
     ready.wait()
     if not ended.is_set():
@@ -81,6 +83,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
             env={**os.environ, **plan.data_env},
             abort=ended,
             forward_stop=False,
+            memory=memory,
         )
         # A stop reaches every host: the leader stops the ranks itself, with a checkpoint.
         if outcome.exit_code and outcome.kind != FailureKind.STOPPED and not ended.is_set():
@@ -88,4 +91,4 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     ended.wait()
     if "error" in link:
         raise link["error"]
-    return leaders_outcome(link["outcome"], cluster.current_host, cluster.leader)
+    return leaders_outcome(link["outcome"], cluster.current_host, cluster.leader, memory)

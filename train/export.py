@@ -17,11 +17,10 @@ half-written model for SageMaker to upload.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +66,6 @@ def serving_signature(model: tf.keras.Model) -> tf.types.experimental.ConcreteFu
     ).get_concrete_function()
 
 
-@contextlib.contextmanager
-def weights_through_disk(saving_lib: Any) -> Iterator[None]:
-    """Keras 3's `model.save` writing the weights' HDF5 file on disk (a temporary file next to
-    the `.keras` file, copied into the zip), one variable at a time: whenever
-    `saving_lib.is_memory_sufficient` finds the weights below a share of psutil's free memory
-    (the machine's, not a container's limit) it builds the whole HDF5 file in a BytesIO
-    instead, one more whole copy of the model held until the file is closed (measured on a
-    15.8M-parameter MLP: +73 MiB over the model in memory, +60 MiB on disk, its largest
-    kernel; docs/model-parallel.md). Keras's own path for large models, taken for all."""
-    enough = saving_lib.is_memory_sufficient
-    saving_lib.is_memory_sufficient = lambda model: False
-    try:
-        yield
-    finally:
-        saving_lib.is_memory_sufficient = enough
-
-
 def export_model(
     model: tf.keras.Model,
     model_dir: Path,
@@ -98,10 +80,7 @@ def export_model(
     if ON_JAX:
         final = model_dir / KERAS_FILE
         temporary = final.with_name(f".tmp-{os.getpid()}-{final.name}")
-        from keras.src.saving import saving_lib
-
-        with weights_through_disk(saving_lib):
-            model.save(str(temporary), include_optimizer=False)
+        model.save(str(temporary), include_optimizer=False)
         os.replace(temporary, final)
     else:
         final = model_dir / SAVEDMODEL_PATH

@@ -1,8 +1,6 @@
-"""What the built-in trainer holds whole when it writes a model out (docs/model-parallel.md,
-"What a process holds"): a checkpoint's .npz is written one variable at a time, and the Keras
-3 export has Keras write its weights through a file on disk rather than build them in memory.
-Counted, not measured: a memory threshold would be flaky; the number of whole values alive at
-once, and the switch Keras reads, are not."""
+"""What the built-in trainer holds whole when it writes a checkpoint (docs/model-parallel.md,
+"What a process holds"): a checkpoint's .npz is written one variable at a time. Counted, not
+measured: a memory threshold would be flaky; the number of whole values alive at once is not."""
 
 from __future__ import annotations
 
@@ -11,10 +9,8 @@ import weakref
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from train.checkpoints import ArrayCheckpoint
-from train.export import weights_through_disk
 
 
 class Counted:
@@ -58,34 +54,3 @@ def test_checkpoint_write_holds_one_whole_variable_at_a_time(tmp_path: Path) -> 
     assert read.loaded is not None
     for loaded, value in zip(read.loaded, values):
         np.testing.assert_array_equal(loaded, value)
-
-
-def test_keras_export_writes_weights_through_disk_and_restores_keras() -> None:
-    """Keras 3's saving_lib builds the whole weights file in memory whenever its
-    `is_memory_sufficient(model)` is true; during the export it must be false, and Keras's
-    own function back afterwards, also after a failed save."""
-
-    def keras_own(model: object) -> bool:
-        return True
-
-    saving_lib = types.SimpleNamespace(is_memory_sufficient=keras_own)
-    with weights_through_disk(saving_lib):
-        assert saving_lib.is_memory_sufficient(object()) is False
-    assert saving_lib.is_memory_sufficient is keras_own
-
-    with pytest.raises(OSError), weights_through_disk(saving_lib):
-        raise OSError("disk full")
-    assert saving_lib.is_memory_sufficient is keras_own
-
-
-def test_export_uses_the_switch_keras_reads() -> None:
-    """The name patched is the one Keras 3.15's `_save_model_to_fileobj` calls, where a
-    Keras 3 is installed (the TensorFlow 2.21 image); elsewhere there is nothing to check."""
-    import inspect
-
-    keras = pytest.importorskip("keras")
-    if int(keras.__version__.split(".")[0]) < 3:
-        pytest.skip(f"Keras {keras.__version__}: the export's Keras 3 path is not used")
-    from keras.src.saving import saving_lib
-
-    assert "is_memory_sufficient(model)" in inspect.getsource(saving_lib._save_model_to_fileobj)
