@@ -225,12 +225,14 @@ class Capacity:
 
 # Measured here (no limit, 1 epoch of 512 samples): the process's anonymous memory peaks at
 # about 0.47 GB plus 79 bytes per parameter at M = 1 (4 replicas x weights, gradients and Adam's
-# 2 moments, 64 bytes, and the export's whole copy) and 38 at M = 4. A cgroup limit counts what
+# 2 moments, 64 bytes, and the export's whole copy) and 38 at M = 4, about 20 of them held
+# whole until 4eff697 (docs/model-parallel.md, "What a process holds"). A cgroup limit counts what
 # the container's processes own (anonymous memory, the page cache they write; the launcher and
 # mpirun about 0.15 GB more), not the library pages already cached from the image that VmHWM
 # also counts, so a job's peak RSS may exceed the limit. Each limit sits about mid-way between
 # two steps for both model axes: full, M = 1 completes 9.2 M parameters and is killed at 17.9 M,
-# M = 4 completes 17.9 M and is killed at 35 M; tiny, M = 1 completes 4.2 M and is killed at
+# M = 4 completes 17.9 M and is killed at 35 M (since 4eff697: completes 35.1 M, is killed at
+# 69.3 M, the search's last step); tiny, M = 1 completes 4.2 M and is killed at
 # 8.4 M, M = 4 completes both of its two steps (the row says "at least").
 CAPACITY_FULL = Capacity(memory=1600 * 1024**2, width=2896, steps=4, samples=512)
 CAPACITY_TINY = Capacity(memory=1080 * 1024**2, width=2048, steps=2, samples=64)
