@@ -96,6 +96,7 @@ def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process | None
     return None
 
 
+@pytest.mark.slow  # three 2-rank jobs; make test keeps a restart (below) and exact resume
 def test_a_rank_killed_mid_epoch_is_restarted_and_the_job_ends_as_one_never_killed(make_job):
     """SIGKILL (the out-of-memory killer's signature) to rank 1 in epoch 2, after a checkpoint
     the clock asked for inside that epoch (checkpoint_every_minutes): every rank runs again
