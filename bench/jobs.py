@@ -195,6 +195,19 @@ class TrainRun:
         return values[1:] if len(values) > 1 else values
 
 
+def wait_for_train(
+    process: subprocess.Popen[Any], deadline: float, *, timeout: float, what: str, root: Path
+) -> None:
+    """Wait for `process` (the `train` of the job in `root`) until `deadline` (monotonic);
+    RuntimeError pointing at its log when it runs past it (its caller stops it)."""
+    try:
+        process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"{what}: train did not finish within {timeout:.0f} s; see {root / 'train.log'}"
+        ) from None
+
+
 def run_trains(roots: Sequence[Path], *, timeout: float, what: str) -> list[TrainRun]:
     """`train --ml-root ROOT` for every root at once, to the end; RuntimeError naming the
     failed job with its failure file when one fails."""
@@ -217,12 +230,7 @@ def run_trains(roots: Sequence[Path], *, timeout: float, what: str) -> list[Trai
                 (root, process, stack.enter_context(PeakMemory(process.pid, RANK_PROGRAM)))
             )
         for root, process, memory in processes:
-            try:
-                process.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(
-                    f"{what}: train did not finish within {timeout:.0f} s; see {root / 'train.log'}"
-                ) from None
+            wait_for_train(process, deadline, timeout=timeout, what=what, root=root)
             runs.append((root, process, time.perf_counter() - started, memory.peaks))
     results = []
     for root, process, seconds, peaks in runs:

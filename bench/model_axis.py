@@ -45,7 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.jobs import RANK_PROGRAM, DataShape, PeakMemory, parse_metrics, synthetic, write_job
+from bench.jobs import (
+    RANK_PROGRAM,
+    DataShape,
+    PeakMemory,
+    parse_metrics,
+    synthetic,
+    wait_for_train,
+    write_job,
+)
 from bench.launch import log, stop
 from bench.results import Measurement, median
 from bench.sizes import Sizes
@@ -186,13 +194,7 @@ def run_containers(
             running.append((root, process, peaks))
         runs = []
         for root, process, peaks in running:
-            try:
-                process.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(
-                    f"item 12: train did not finish within {RUN_TIMEOUT} s; see "
-                    f"{root / 'train.log'}"
-                ) from None
+            wait_for_train(process, deadline, timeout=RUN_TIMEOUT, what="item 12", root=root)
             failure = root / "output" / "failure"
             runs.append(
                 ContainerRun(
