@@ -52,6 +52,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
@@ -573,18 +574,9 @@ class Leader:
         once: at most `timeout` in all), the start `memory_of` counts from."""
         with self.roster.condition:
             hosts = [host for host in self.roster.peers if host not in self.data_hosts]
-        start: dict[str, CgroupMemory | None] = {}
-        asking = [
-            threading.Thread(
-                target=lambda h: start.update({h: self._ask(h, timeout)}), args=(host,)
-            )
-            for host in hosts
-        ]
-        for thread in asking:
-            thread.start()
-        for thread in asking:
-            thread.join()
-        self.attempt_start = start
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as asking:
+            answers = asking.map(lambda host: self._ask(host, timeout), hosts)
+            self.attempt_start = dict(zip(hosts, answers, strict=True))
 
     def memory_of(self, host: str, timeout: float = MEMORY_TIMEOUT) -> CgroupMemory | None:
         """The OOM kills the worker `host`'s memory cgroup counted since the attempt started
