@@ -185,8 +185,15 @@ def run_containers(
             ]
             log(f"item 12: {' '.join(argv)}")
             with open(root / "train.log", "w") as output:  # a file: a full pipe would block
+                # in the job's folder: podman 4.3's conmon writes a file `oom` into its working
+                # folder when the kernel kills a container's first process for memory
                 process = subprocess.Popen(
-                    argv, stdout=output, stderr=subprocess.STDOUT, env=dict(engine.env), text=True
+                    argv,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    env=dict(engine.env),
+                    text=True,
+                    cwd=root,
                 )
             stack.callback(_end, engine, name, process)
             pid = _container_pid(engine, name, process)
