@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
-from sagemaker_testing import IMAGE, botocore_accepts
+from sagemaker_testing import IMAGE, botocore_accepts, dry_run
 
 from job.errors import ConfigError
 from job.hyperparameters import describe, parse
@@ -14,7 +13,7 @@ from job.launch_config import OWN_CODE, LaunchConfig
 from job.trainer_config import TrainerConfig
 from sagemaker_ops import builders as b
 from sagemaker_ops import capabilities as cap
-from sagemaker_ops import cli, metrics, schema
+from sagemaker_ops import metrics, schema
 from sagemaker_ops.hyperparameters import _spec, supported_hyperparameters
 
 CONFIGS = (TrainerConfig, LaunchConfig)
@@ -204,27 +203,22 @@ def test_long_help_is_shortened_to_sagemakers_limit():
 
 
 def test_cli_register_dry_run(capsys, no_clients):
-    assert (
-        cli.main(
-            [
-                "register",
-                "--algorithm-name",
-                "horovod-keras",
-                "--image",
-                IMAGE,
-                "--training-instance-type",
-                "ml.c5.4xlarge",
-                "--training-instance-type",
-                "ml.g5.xlarge",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    [step] = dry_run(
+        capsys,
+        no_clients,
+        [
+            "register",
+            "--algorithm-name",
+            "horovod-keras",
+            "--image",
+            IMAGE,
+            "--training-instance-type",
+            "ml.c5.4xlarge",
+            "--training-instance-type",
+            "ml.g5.xlarge",
+        ],
     )
-    [step] = json.loads(capsys.readouterr().out)
     assert step["operation"] == "CreateAlgorithm"
-    botocore_accepts("CreateAlgorithm", step["request"])
     assert step["request"]["TrainingSpecification"]["SupportedTrainingInstanceTypes"] == [
         "ml.c5.4xlarge",
         "ml.g5.xlarge",
@@ -233,23 +227,12 @@ def test_cli_register_dry_run(capsys, no_clients):
 
 
 def test_no_script_mode_offers_nothing_that_runs_a_buyers_code(capsys, no_clients):
-    assert (
-        cli.main(
-            [
-                "register",
-                "--algorithm-name",
-                "horovod-keras",
-                "--image",
-                IMAGE,
-                "--no-script-mode",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    [step] = dry_run(
+        capsys,
+        no_clients,
+        ["register", "--algorithm-name", "horovod-keras", "--image", IMAGE, "--no-script-mode"],
     )
-    [step] = json.loads(capsys.readouterr().out)
-    botocore_accepts("CreateAlgorithm", step["request"])
+    assert step["operation"] == "CreateAlgorithm"
     offered = [
         s["Name"] for s in step["request"]["TrainingSpecification"]["SupportedHyperParameters"]
     ]

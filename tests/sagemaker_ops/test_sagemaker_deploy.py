@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 import pytest
-from sagemaker_testing import IMAGE, ROLE, botocore_accepts
+from sagemaker_testing import IMAGE, ROLE, botocore_accepts, dry_run
 
 from job.errors import ConfigError
 from sagemaker_ops import builders as b
@@ -189,15 +188,12 @@ DEPLOY = [
 
 
 def test_cli_deploy_dry_run_with_explicit_artifact(capsys, no_clients):
-    assert cli.main(DEPLOY + ["--model-data", ARTIFACT, "--dry-run"], make_clients=no_clients) == 0
-    steps = json.loads(capsys.readouterr().out)
+    steps = dry_run(capsys, no_clients, DEPLOY + ["--model-data", ARTIFACT])
     assert [s["operation"] for s in steps] == [
         "CreateModel",
         "CreateEndpointConfig",
         "CreateEndpoint",
     ]
-    for step in steps:
-        botocore_accepts(step["operation"], step["request"])
     model, config, endpoint = (s["request"] for s in steps)
     assert model["ModelName"] == config["ProductionVariants"][0]["ModelName"] == "ep-1"
     assert endpoint == {"EndpointName": "ep-1", "EndpointConfigName": "ep-1"}
@@ -290,59 +286,50 @@ def test_cli_deploy_refuses_an_unfinished_job_before_creating_anything(capsys, s
 
 
 def test_cli_transform_creates_the_model_then_the_job(capsys, no_clients):
-    assert (
-        cli.main(
-            [
-                "transform",
-                "--image",
-                IMAGE,
-                "--role",
-                ROLE,
-                "--model-data",
-                ARTIFACT,
-                "--job-name",
-                "t-1",
-                "--input",
-                "s3://my-bucket/batch/",
-                "--output-path",
-                "s3://my-bucket/predictions/",
-                "--content-type",
-                "application/jsonlines",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    steps = dry_run(
+        capsys,
+        no_clients,
+        [
+            "transform",
+            "--image",
+            IMAGE,
+            "--role",
+            ROLE,
+            "--model-data",
+            ARTIFACT,
+            "--job-name",
+            "t-1",
+            "--input",
+            "s3://my-bucket/batch/",
+            "--output-path",
+            "s3://my-bucket/predictions/",
+            "--content-type",
+            "application/jsonlines",
+        ],
     )
-    steps = json.loads(capsys.readouterr().out)
     assert [s["operation"] for s in steps] == ["CreateModel", "CreateTransformJob"]
-    for step in steps:
-        botocore_accepts(step["operation"], step["request"])
     assert steps[1]["request"]["ModelName"] == steps[0]["request"]["ModelName"] == "t-1"
 
 
 def test_cli_transform_with_an_existing_model(capsys, no_clients):
-    assert (
-        cli.main(
-            [
-                "transform",
-                "--model-name",
-                "m-1",
-                "--job-name",
-                "t-2",
-                "--input",
-                "s3://my-bucket/batch/",
-                "--output-path",
-                "s3://my-bucket/p/",
-                "--content-type",
-                "application/x-npy",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    [step] = dry_run(
+        capsys,
+        no_clients,
+        [
+            "transform",
+            "--model-name",
+            "m-1",
+            "--job-name",
+            "t-2",
+            "--input",
+            "s3://my-bucket/batch/",
+            "--output-path",
+            "s3://my-bucket/p/",
+            "--content-type",
+            "application/x-npy",
+        ],
     )
-    [step] = json.loads(capsys.readouterr().out)
+    assert step["operation"] == "CreateTransformJob"
     assert step["request"]["ModelName"] == "m-1"
     assert step["request"]["TransformInput"]["SplitType"] == "None"
 

@@ -71,6 +71,21 @@ class FakeTime:
         self.now += seconds
 
 
+def follow_job_1(sagemaker, logs, time: FakeTime, timeout_seconds: float, out) -> dict:
+    """`aws.follow` of training job job-1, polling every 30 s on `time`'s clock."""
+    return aws.follow(
+        sagemaker,
+        logs,
+        aws.TRAINING_JOB,
+        "job-1",
+        timeout_seconds=timeout_seconds,
+        poll_seconds=30,
+        sleep=time.sleep,
+        clock=time.clock,
+        out=out,
+    )
+
+
 def test_follow_prints_status_changes_and_each_log_line_once(stubbed):
     sagemaker, logs, sm_stub, logs_stub = stubbed
     name = {"TrainingJobName": "job-1"}
@@ -107,17 +122,7 @@ def test_follow_prints_status_changes_and_each_log_line_once(stubbed):
     expect_events(logs_stub, "job-1/algo-1-1700000000", "a/2", [], "a/2")
 
     lines, time = [], FakeTime()
-    final = aws.follow(
-        sagemaker,
-        logs,
-        aws.TRAINING_JOB,
-        "job-1",
-        timeout_seconds=3600,
-        poll_seconds=30,
-        sleep=time.sleep,
-        clock=time.clock,
-        out=lines.append,
-    )
+    final = follow_job_1(sagemaker, logs, time, 3600, lines.append)
     assert final["TrainingJobStatus"] == "Completed"
     assert lines == [
         "training job job-1: InProgress / Starting",
@@ -145,17 +150,7 @@ def test_follow_gives_up_at_its_deadline_and_says_the_job_keeps_running(stubbed)
     with pytest.raises(
         aws.FollowTimeout, match="after 50 s: it is still InProgress and keeps running on SageMaker"
     ):
-        aws.follow(
-            sagemaker,
-            None,
-            aws.TRAINING_JOB,
-            "job-1",
-            timeout_seconds=50,
-            poll_seconds=30,
-            sleep=time.sleep,
-            clock=time.clock,
-            out=lambda _: None,
-        )
+        follow_job_1(sagemaker, None, time, 50, lambda _: None)
     assert time.sleeps == [30, 20]  # never sleeps past the deadline
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sagemaker_testing import IMAGE, ROLE, botocore_accepts
+from sagemaker_testing import IMAGE, ROLE, botocore_accepts, dry_run
 
 from job.errors import ConfigError
 from sagemaker_ops import builders as b
@@ -311,46 +311,44 @@ ARGS = [
 ]
 
 
-def test_cli_dry_run_prints_the_request_and_makes_no_client(capsys, no_clients):
-    code = cli.main(
-        ARGS
-        + [
-            "--channel",
-            "train=s3://my-bucket/t/",
-            "--channel",
-            "validation=s3://my-bucket/v/",
-            "--distribution",
-            "train=ShardedByS3Key",
-            "--input-mode",
-            "FastFile",
-            "--content-type",
-            "text/csv",
-            "--instance-count",
-            "2",
-            "--hp",
-            "epochs=3",
-            "--spot",
-            "--max-runtime",
-            "3600",
-            "--max-wait",
-            "7200",
-            "--checkpoint-s3",
-            "s3://my-bucket/ck",
-            "--subnet",
-            "subnet-1",
-            "--security-group",
-            "sg-1",
-            "--env",
-            "NCCL_DEBUG=WARN",
-            "--dry-run",
-        ],
-        make_clients=no_clients,
-    )
-    assert code == 0
-    [step] = json.loads(capsys.readouterr().out)
-    request = step["request"]
+def train_request(capsys, no_clients, *options: str) -> dict:
+    """The one CreateTrainingJob request that `sagemaker-ops train` with ARGS, the train
+    channel and OPTIONS prints with --dry-run."""
+    [step] = dry_run(capsys, no_clients, [*ARGS, "--channel", "train=s3://my-bucket/t/", *options])
     assert step["operation"] == "CreateTrainingJob"
-    botocore_accepts("CreateTrainingJob", request)
+    return step["request"]
+
+
+def test_cli_dry_run_prints_the_request_and_makes_no_client(capsys, no_clients):
+    request = train_request(
+        capsys,
+        no_clients,
+        "--channel",
+        "validation=s3://my-bucket/v/",
+        "--distribution",
+        "train=ShardedByS3Key",
+        "--input-mode",
+        "FastFile",
+        "--content-type",
+        "text/csv",
+        "--instance-count",
+        "2",
+        "--hp",
+        "epochs=3",
+        "--spot",
+        "--max-runtime",
+        "3600",
+        "--max-wait",
+        "7200",
+        "--checkpoint-s3",
+        "s3://my-bucket/ck",
+        "--subnet",
+        "subnet-1",
+        "--security-group",
+        "sg-1",
+        "--env",
+        "NCCL_DEBUG=WARN",
+    )
     assert [
         (
             c["ChannelName"],
@@ -368,37 +366,18 @@ def test_cli_dry_run_prints_the_request_and_makes_no_client(capsys, no_clients):
 
 
 def test_cli_asks_for_a_warm_pool_and_live_tensorboard(capsys, no_clients):
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--keep-alive",
-                "900",
-                "--tensorboard-s3",
-                "s3://my-bucket/tb",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    request = train_request(
+        capsys, no_clients, "--keep-alive", "900", "--tensorboard-s3", "s3://my-bucket/tb"
     )
-    [step] = json.loads(capsys.readouterr().out)
-    botocore_accepts("CreateTrainingJob", step["request"])
-    assert step["request"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
-    assert step["request"]["TensorBoardOutputConfig"]["S3OutputPath"] == "s3://my-bucket/tb"
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
+    assert request["TensorBoardOutputConfig"]["S3OutputPath"] == "s3://my-bucket/tb"
 
 
 def test_cli_turns_on_inter_container_traffic_encryption(capsys, no_clients):
-    base = ARGS + ["--channel", "train=s3://my-bucket/t/", "--instance-count", "2", "--dry-run"]
-    requests = []
-    for extra in ([], ["--encrypt-inter-container-traffic"]):
-        assert cli.main(base + extra, make_clients=no_clients) == 0
-        [step] = json.loads(capsys.readouterr().out)
-        botocore_accepts("CreateTrainingJob", step["request"])
-        requests.append(step["request"])
-    plain, encrypted = requests
+    plain = train_request(capsys, no_clients, "--instance-count", "2")
+    encrypted = train_request(
+        capsys, no_clients, "--instance-count", "2", "--encrypt-inter-container-traffic"
+    )
     assert "EnableInterContainerTrafficEncryption" not in plain
     assert encrypted.pop("EnableInterContainerTrafficEncryption") is True
     assert encrypted == plain
@@ -433,23 +412,7 @@ def test_cli_refuses_before_any_client_exists(capsys, no_clients, extra, message
 def test_cli_hyperparameters_file_then_flags(tmp_path, capsys, no_clients):
     path = tmp_path / "hp.json"
     path.write_text(json.dumps({"epochs": 5, "fp16_allreduce": True, "optimizer": "sgd"}))
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--hyperparameters",
-                str(path),
-                "--hp",
-                "epochs=7",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
-    )
-    request = json.loads(capsys.readouterr().out)[0]["request"]
+    request = train_request(capsys, no_clients, "--hyperparameters", str(path), "--hp", "epochs=7")
     assert request["HyperParameters"] == {
         "epochs": "7",
         "fp16_allreduce": "true",
@@ -476,29 +439,18 @@ def test_default_job_name_fits_sagemaker():
 
 
 def test_cli_asks_for_a_heterogeneous_cluster_and_names_the_groups_that_train(capsys, no_clients):
-    assert (
-        cli.main(
-            ARGS
-            + [
-                "--channel",
-                "train=s3://my-bucket/t/",
-                "--hp",
-                "program=train.py",
-                "--instance-group",
-                "train:ml.p4d.24xlarge:2",
-                "--instance-group",
-                "data:ml.c5.18xlarge:4",
-                "--train-groups",
-                "train",
-                "--dry-run",
-            ],
-            make_clients=no_clients,
-        )
-        == 0
+    request = train_request(
+        capsys,
+        no_clients,
+        "--hp",
+        "program=train.py",
+        "--instance-group",
+        "train:ml.p4d.24xlarge:2",
+        "--instance-group",
+        "data:ml.c5.18xlarge:4",
+        "--train-groups",
+        "train",
     )
-    [step] = json.loads(capsys.readouterr().out)
-    request = step["request"]
-    botocore_accepts("CreateTrainingJob", request)
     assert request["ResourceConfig"] == {
         "InstanceGroups": [
             {"InstanceGroupName": "train", "InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2},
