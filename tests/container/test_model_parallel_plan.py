@@ -4,29 +4,18 @@ error, exit 2, saying what to change), and the batch plan counts data-parallel r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from container.plan import make_plan
 from job.errors import ConfigError
-from job.validated import validate_hyperparameters
-from tests.container.test_mpirun import ENV, PYTHON, job
+from job.validated import TENSORFLOW, validate_hyperparameters
+from tests.container.test_mpirun import ENV, job, plan
 
 FORCED = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
 def planned(hyperparameters, gpu_count=0, environ=FORCED):
     the_job = job(["algo-1", "algo-2"], "algo-1", {"backend": "jax", **hyperparameters})
-    return make_plan(
-        the_job,
-        validate_hyperparameters(the_job.hyperparameters, environ),
-        gpu_count=gpu_count,
-        python=PYTHON,
-        runtime=Path("/run/job"),
-        environ=environ,
-        stack="tf",
-    )
+    return plan(the_job, gpu_count, environ, TENSORFLOW)
 
 
 @pytest.mark.parametrize("model_parallel, replicas", [(1, 2), (2, 2), (4, 1)])

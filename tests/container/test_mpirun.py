@@ -13,7 +13,7 @@ from job.paths import MlPaths
 from job.rank_job import Processes, RankJob
 from job.sagemaker_config import Channel, JobConfig, ResourceConfig
 from job.trainer_config import TrainerConfig
-from job.validated import validate_hyperparameters
+from job.validated import HOROVOD, TENSORFLOW, validate_hyperparameters
 
 PYTHON = "/venv/bin/python"
 ENV = {"PATH": "/venv/bin:/usr/bin"}
@@ -108,14 +108,17 @@ def rank_env(hosts, per_host, gpus=0):
     )
 
 
-def plan(the_job, gpus=0):
+def plan(the_job, gpus=0, environ=ENV, stack=HOROVOD):
+    """The launcher's plan for `the_job` on a host of `gpus` GPUs in the image of `stack`,
+    whose container has the environment `environ`."""
     return make_plan(
         the_job,
-        validate_hyperparameters(the_job.hyperparameters, ENV),
+        validate_hyperparameters(the_job.hyperparameters, environ),
         gpu_count=gpus,
         python=PYTHON,
         runtime=Path("/run/job"),
-        environ=ENV,
+        environ=environ,
+        stack=stack,
     )
 
 
@@ -349,15 +352,7 @@ def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_ho
         "NCCL_SOCKET_IFNAME": "eth9",
     }  # the launcher sets that one itself
     hosts = ["algo-1", "algo-2"]
-    the_job = job(hosts, "algo-1")
-    two_hosts = make_plan(
-        the_job,
-        validate_hyperparameters(the_job.hyperparameters, environ),
-        gpu_count=0,
-        python=PYTHON,
-        runtime=Path("/run/job"),
-        environ=environ,
-    ).mpirun
+    two_hosts = plan(job(hosts, "algo-1"), environ=environ).mpirun
     forwarded = [
         two_hosts[i + 1]
         for i, token in enumerate(two_hosts)
@@ -365,15 +360,7 @@ def test_every_host_gets_the_containers_environment_by_name_minus_what_is_per_ho
     ]
     assert forwarded == ["AWS_ACCESS_KEY_ID", "AWS_REGION", "USER_SETTING"]
     assert "AKIA" not in " ".join(two_hosts)
-    one = job(["algo-1"], "algo-1")
-    one_host = make_plan(
-        one,
-        validate_hyperparameters(one.hyperparameters, environ),
-        gpu_count=0,
-        python=PYTHON,
-        runtime=Path("/run/job"),
-        environ=environ,
-    ).mpirun
+    one_host = plan(job(["algo-1"], "algo-1"), environ=environ).mpirun
     assert "USER_SETTING" not in one_host  # local ranks inherit mpirun's environment
 
 
@@ -387,15 +374,7 @@ def tf_plan(root, hyperparameters, hosts=("algo-1", "algo-2"), gpus=0, environ=E
         {"sagemaker_program": "train.py", **hyperparameters},
         {},
     )
-    return make_plan(
-        the_job,
-        validate_hyperparameters(the_job.hyperparameters, environ),
-        gpu_count=gpus,
-        python=PYTHON,
-        runtime=Path("/run/job"),
-        environ=environ,
-        stack="tf",
-    )
+    return plan(the_job, gpus, environ, TENSORFLOW)
 
 
 def test_the_tf_image_runs_one_worker_per_host_with_the_tf_config_aws_writes(tmp_path):
@@ -570,29 +549,12 @@ def test_a_distribution_the_image_cannot_serve_is_refused_naming_the_image(
 ):
     the_job = job(["algo-1"], "algo-1", {"sagemaker_program": "train.py", **hyperparameters})
     with pytest.raises(ConfigError) as error:
-        make_plan(
-            the_job,
-            validate_hyperparameters(the_job.hyperparameters, ENV),
-            gpu_count=0,
-            python=PYTHON,
-            runtime=Path("/run/job"),
-            environ=ENV,
-            stack=stack,
-        )
+        plan(the_job, stack=stack)
     assert message in str(error.value)
 
 
 def test_the_builtin_trainer_on_the_tf_image_gets_the_same_batch_plan_and_its_workers():
-    the_job = job(["algo-1", "algo-2"], "algo-1")
-    the_plan = make_plan(
-        the_job,
-        validate_hyperparameters({}, ENV),
-        gpu_count=0,
-        python=PYTHON,
-        runtime=Path("/run/job"),
-        environ=ENV,
-        stack="tf",
-    )
+    the_plan = plan(job(["algo-1", "algo-2"], "algo-1"), stack=TENSORFLOW)
     assert the_plan.job.batches == default_job(2).batches
     assert the_plan.job.tf_workers == ("algo-1:8890", "algo-2:8890")
     assert the_plan.mpirun[-6:] == tuple(RANK)
@@ -611,16 +573,7 @@ def test_the_builtin_trainer_on_jax_runs_a_process_per_gpu_and_only_where_jax_is
     """backend=jax: Keras 3 on JAX, whose batch plan is per device like Horovod's (one process
     per GPU, each told its own); the Horovod image has no JAX and says which image has."""
     the_job = job(["algo-1", "algo-2"], "algo-1", {"backend": "jax"})
-    settings = validate_hyperparameters(the_job.hyperparameters, ENV)
-    the_plan = make_plan(
-        the_job,
-        settings,
-        gpu_count=4,
-        python=PYTHON,
-        runtime=Path("/run/job"),
-        environ=ENV,
-        stack="tf",
-    )
+    the_plan = plan(the_job, gpus=4, stack=TENSORFLOW)
     assert the_plan.cluster.processes_per_host == 4 and the_plan.job.batches.world_size == 8
     assert [
         the_plan.job.worker_environment(5, local)["JAX_LOCAL_DEVICE_IDS"] for local in range(4)
@@ -632,12 +585,4 @@ def test_the_builtin_trainer_on_jax_runs_a_process_per_gpu_and_only_where_jax_is
         r"on JAX, which the Horovod image .* does not have; "
         r"run it on the TensorFlow 2.21 image",
     ):
-        make_plan(
-            the_job,
-            settings,
-            gpu_count=0,
-            python=PYTHON,
-            runtime=Path("/run/job"),
-            environ=ENV,
-            stack="horovod",
-        )
+        plan(the_job, stack=HOROVOD)
