@@ -27,10 +27,18 @@ class Writes(io.StringIO):
         super().flush()
 
 
-def test_info_is_one_flushed_line_on_the_stdout_of_the_moment(monkeypatch):
+def replaced_streams(monkeypatch) -> tuple[Writes, Writes]:
+    """(stdout, stderr): sys.stdout and sys.stderr replaced for the rest of this test, since
+    the logger writes to whatever streams are sys's at the moment it writes. Called in the
+    test's body, not a fixture: pytest sets its own capture streams after fixtures are set up."""
     out, err = Writes(), Writes()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)
+    return out, err
+
+
+def test_info_is_one_flushed_line_on_the_stdout_of_the_moment(monkeypatch):
+    out, err = replaced_streams(monkeypatch)
     log.info("all 2 hosts ready")
     log.info("100% of 50%s, %d and {braces} stay as written")
     assert out.calls == [
@@ -43,9 +51,7 @@ def test_info_is_one_flushed_line_on_the_stdout_of_the_moment(monkeypatch):
 
 
 def test_warnings_and_errors_go_to_stderr(monkeypatch):
-    out, err = Writes(), Writes()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
+    out, err = replaced_streams(monkeypatch)
     log.warning("cannot check the model folder /opt/ml/model: Permission denied")
     log.error("job FAILED (exit code 2): bad\nsecond line")
     assert err.getvalue() == (
@@ -56,8 +62,7 @@ def test_warnings_and_errors_go_to_stderr(monkeypatch):
 
 
 def test_a_root_handler_does_not_print_a_line_twice(monkeypatch):
-    out = Writes()
-    monkeypatch.setattr(sys, "stdout", out)
+    out, _ = replaced_streams(monkeypatch)
     root = logging.StreamHandler(out)
     logging.getLogger().addHandler(root)
     try:
