@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from container import network
+from container import network, ports
 from container.coordination import follow_leader, leaders_outcome
 from container.failure import Outcome
 from container.logs import log
@@ -52,16 +52,22 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
         link["send"] = send
         ready.set()
 
+    def prepare(_key: str) -> str:
+        """Joined: a port of the data service held here is this host's FAIL to the leader,
+        before the training starts; `-` for a host key (no sshd)."""
+        ports.check(plan, address)
+        return "-"
+
     def follow() -> None:
         try:
             link["outcome"] = follow_leader(
                 cluster.leader,
                 launch.coordinator_port,
                 cluster.current_host,
-                address=network.address_of(cluster.current_host),
+                address=address,
                 leader_timeout=launch.leader_timeout,
                 heartbeat_timeout=launch.heartbeat_timeout,
-                on_key=lambda _key: "-",
+                on_key=prepare,
                 on_ready=joined,
             )
         except TrainError as error:
@@ -70,6 +76,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
             ended.set()
             ready.set()
 
+    address = network.address_of(cluster.current_host)
     memory = counting_from_now()  # this host's own finding counts the job's kills only
     threading.Thread(target=follow, daemon=True, name="leader").start()
     ready.wait()

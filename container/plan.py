@@ -228,37 +228,65 @@ def processes(cluster: ClusterPlan, port: int, gpu_count: int) -> Processes:
 
 @dataclass(frozen=True)
 class JobPort:
-    """Ports in a row that something of the job listens on, on the leader's host: `setting` is
-    the hyperparameter that sets the first, `listener` says what listens there. `movable`: only
-    the leader's own processes connect there (a job whose ranks run on one host), so the leader
-    may give it any free port; a port that other hosts were told cannot change."""
+    """Ports in a row that something of the job listens on, on this host: `setting` is the
+    hyperparameter that moves them, `listener` says what listens there. `movable`: only the
+    leader's own processes connect there (a job whose ranks run on one host), so the leader
+    may give it any free port; a port that other hosts were told cannot change. `own_address`:
+    the listener binds this host's cluster address only (the launcher's sshd and coordinator),
+    not every address, so on a machine that several hosts of a job share (a local cluster,
+    the tests' loopback hosts) another host's listener on the same port is no conflict."""
 
     setting: str
     port: int
     count: int
     listener: str
-    movable: bool
+    movable: bool = False
+    own_address: bool = False
 
 
-def leader_ports(plan: LaunchPlan) -> tuple[JobPort, ...]:
-    """Every port the job listens on on the leader's host, which the leader makes sure of
-    before mpirun starts (container.ports): process 0's JAX coordinator, which the ranks are
-    always told (a script may also listen on it, as SM_MASTER_PORT); under
-    MultiWorkerMirroredStrategy, the gRPC servers of the leader's TensorFlow workers; with other
-    hosts, the launcher's own sshd and coordinator. Empty on a host that is not the leader."""
+def host_ports(plan: LaunchPlan) -> tuple[JobPort, ...]:
+    """Every port the job listens on on this host, by the host's kind, which the host makes
+    sure of before it starts them (container.ports). The leader: process 0's JAX coordinator,
+    which the ranks are always told (a script may also listen on it, as SM_MASTER_PORT), and
+    with other hosts the launcher's coordinator. The leader and every worker: under
+    MultiWorkerMirroredStrategy the gRPC servers of the host's TensorFlow workers, and with
+    other hosts the launcher's own sshd (mpirun reaches the ranks through it). A data host of
+    the built-in trainer: its tf.data service (train.data_service: the dispatcher on the
+    first data host, a worker on the next port of every one); a script's data host listens
+    where its script says, which the launcher cannot know."""
     cluster, launch = plan.cluster, plan.launch
-    if not cluster.is_leader:
-        return ()
-    one_host = not cluster.multi_host
-    ports = [
-        JobPort(
-            "distribution_port",
-            launch.distribution_port,
-            1,
-            "JAX's coordinator for keras.distribution",
-            one_host,
+    if cluster.is_data_host:
+        if plan.job.program:
+            return ()
+        if cluster.current_host == cluster.data_hosts[0]:
+            return (
+                JobPort(
+                    "data_service_port",
+                    launch.data_service_port,
+                    2,
+                    "the tf.data service's dispatcher and worker",
+                ),
+            )
+        return (
+            JobPort(
+                "data_service_port",
+                launch.data_service_port + 1,
+                1,
+                "the tf.data service's worker (on data_service_port + 1)",
+            ),
         )
-    ]
+    one_host = not cluster.multi_host
+    ports = []
+    if cluster.is_leader:
+        ports.append(
+            JobPort(
+                "distribution_port",
+                launch.distribution_port,
+                1,
+                "JAX's coordinator for keras.distribution",
+                one_host,
+            )
+        )
     if plan.job.tf_workers:
         ports.append(
             JobPort(
@@ -270,15 +298,17 @@ def leader_ports(plan: LaunchPlan) -> tuple[JobPort, ...]:
             )
         )
     if cluster.multi_host:
-        ports.append(JobPort("sshd_port", launch.sshd_port, 1, "the job's own sshd", False))
-    if cluster.multi_host or cluster.data_hosts:
+        ports.append(
+            JobPort("sshd_port", launch.sshd_port, 1, "the job's own sshd", own_address=True)
+        )
+    if cluster.is_leader and (cluster.multi_host or cluster.data_hosts):
         ports.append(
             JobPort(
                 "coordinator_port",
                 launch.coordinator_port,
                 1,
                 "the launcher's coordinator for the other hosts",
-                False,
+                own_address=True,
             )
         )
     return tuple(ports)

@@ -1,23 +1,30 @@
-"""The ports a job listens on, made sure of on the leader before mpirun starts.
+"""The ports a job listens on, made sure of on each host before the job starts them.
 
-Two of them are bound by the ranks, not by the launcher: JAX's coordinator (process 0,
+Some of them are bound by the ranks, not by the launcher: JAX's coordinator (process 0,
 `distribution_port`) and, under MultiWorkerMirroredStrategy, each TensorFlow worker's gRPC
-server (`tf_worker_port` and up). JAX's gRPC server listens with SO_REUSEPORT, so a second job
-on the same host whose process 0 binds the same port does not fail to start: both listen, the
-kernel deals each new connection to either, and one job's process registers with the other
-job's coordinator, which then aborts its own processes ("0 unexpectedly tried to connect with a
-different incarnation"). Something else on the port (a plain listener) makes JAX's start fail
-instead ("Failed to start RPC server"). Either way, only this host can tell, and only before
-the ranks start, so the leader checks here (container.plan.leader_ports says which ports):
+server (`tf_worker_port` and up); on a data host, the tf.data service (`data_service_port`).
+JAX's gRPC server listens with SO_REUSEPORT, so a second job on the same host whose process 0
+binds the same port does not fail to start: both listen, the kernel deals each new connection
+to either, and one job's process registers with the other job's coordinator, which then aborts
+its own processes ("0 unexpectedly tried to connect with a different incarnation"). Something
+else on a port (a plain listener) makes the server's start fail instead ("Failed to start RPC
+server"), or, for a worker's sshd, leaves the leader waiting for an sshd that never answers.
+Either way, only the host itself can tell, and only before the job's processes start, so each
+host checks here the ports that it listens on (container.plan.host_ports says which):
 
 - A port only the leader's own processes connect to (a job whose ranks run on one host) is
-  taken fresh from the kernel every time, not the configured one checked: a configured port
-  checked free would still be the one that another job started at the same moment is about to
-  bind (its ranks are still importing), which is how two GPU checks at once collided.
+  taken fresh from the kernel every time (`secure`), not the configured one checked: a
+  configured port checked free would still be the one that another job started at the same
+  moment is about to bind (its ranks are still importing), which is how two GPU checks at
+  once collided.
 - A port other hosts were told (the same hyperparameters reach every host) cannot change:
-  when something else holds it, the job stops here (ConfigError, exit 2) naming the port, what
-  the job would listen on there and the hyperparameter that moves it. SageMaker gives each job
-  instances of its own, so the defaults are free there; this is for hosts that run more.
+  when something else holds it, the host stops (`check`: ConfigError, exit 2) naming the port,
+  what the job would listen on there and the hyperparameter that moves it. The leader checks
+  before its coordinator starts; a worker or a data host when the leader hands it the job's
+  key, before its sshd or data service starts, so that the error goes to the leader as that
+  host's answer (FAIL, container.coordination) and the job's failure names it. SageMaker gives
+  each job instances of its own, so the defaults are free there; this is for hosts that run
+  more (a local cluster, several hosts on one machine).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from container.logs import log
-from container.plan import JobPort, LaunchPlan, leader_ports
+from container.plan import JobPort, LaunchPlan, host_ports
 from job.errors import ConfigError
 from job.launch_config import LaunchConfig
 
@@ -38,24 +45,31 @@ from job.launch_config import LaunchConfig
 ATTEMPTS = 50
 
 
-def _listener() -> socket.socket:
-    """A TCP socket for every address of this host, IPv6 and IPv4, as JAX's and TensorFlow's
-    gRPC servers bind (`[::]:port`); IPv4 alone where the host has no IPv6. SO_REUSEADDR, as
-    gRPC's: the TIME_WAIT of a finished job's connection does not hold a port. No SO_REUSEPORT:
-    a gRPC server already listening there (with it) then holds the port for this socket."""
-    try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    except OSError:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _listener(address: str | None = None) -> socket.socket:
+    """A TCP socket for `address`, or (None) for every address of this host, IPv6 and IPv4, as
+    JAX's and TensorFlow's gRPC servers bind (`[::]:port`); IPv4 alone where the host has no
+    IPv6. SO_REUSEADDR, as gRPC's and sshd's: the TIME_WAIT of a finished job's connection does
+    not hold a port. No SO_REUSEPORT: a gRPC server already listening there (with it) then
+    holds the port for this socket."""
+    if address is not None:
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    else:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        except OSError:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
 
 
-def _bind(sock: socket.socket, port: int) -> bool:
-    """Binds `sock` to `port` on every address; False when something holds the port."""
+def _bind(sock: socket.socket, port: int, address: str | None = None) -> bool:
+    """Binds `sock` to `port` on `address` (None: every address); False when something holds
+    the port there."""
+    if address is None:
+        address = "::" if sock.family == socket.AF_INET6 else ""
     try:
-        sock.bind(("::" if sock.family == socket.AF_INET6 else "", port))
+        sock.bind((address, port))
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
             return False
@@ -63,12 +77,13 @@ def _bind(sock: socket.socket, port: int) -> bool:
     return True
 
 
-def is_free(port: int) -> bool:
-    """Whether nothing holds `port` on any address of this host now. A port this user may not
+def is_free(port: int, address: str | None = None) -> bool:
+    """Whether nothing holds `port` on `address` now (None: on any address of this host; a
+    listener on every address holds the port on each address too). A port this user may not
     bind (below 1024, not root) counts as free: whatever of the job binds it says why."""
-    with _listener() as sock:
+    with _listener(address) as sock:
         try:
-            return _bind(sock, port)
+            return _bind(sock, port, address)
         except PermissionError:
             return True
 
@@ -110,23 +125,32 @@ def describe(port: JobPort) -> str:
     return f"{port.setting} {port.port}{last} ({port.listener})"
 
 
-def secure(plan: LaunchPlan) -> LaunchConfig:
-    """The launch settings the leader runs `plan` with: its movable ports replaced by free
-    ones this host's kernel gave (logged), its fixed ones as they are; ConfigError naming the
-    first fixed port something else holds. `plan.launch` itself when nothing moves."""
-    ports = leader_ports(plan)
-    for port in ports:
+def check(plan: LaunchPlan, address: str) -> None:
+    """ConfigError naming the first of this host's fixed ports (the hyperparameters' ports,
+    which every host was given) that something else holds now; `address` is this host's
+    cluster address, where its sshd and coordinator listen."""
+    host = plan.cluster.current_host
+    for port in host_ports(plan):
         if port.movable:
             continue
-        taken = next((p for p in range(port.port, port.port + port.count) if not is_free(p)), None)
+        where = address if port.own_address else None
+        taken = next(
+            (p for p in range(port.port, port.port + port.count) if not is_free(p, where)), None
+        )
         if taken is not None:
             raise ConfigError(
-                f"port {taken} on {plan.cluster.current_host}, where {port.listener} would "
+                f"port {taken} on {host}, where {port.listener} would "
                 f"listen, is held by another process on this host (another job?); set the "
                 f"hyperparameter {port.setting} to a port that is free on "
-                f"{plan.cluster.current_host} (every host is given the same value)"
+                f"{host} (every host is given the same value)"
             )
-    movable = [port for port in ports if port.movable]
+
+
+def secure(plan: LaunchPlan) -> LaunchConfig:
+    """The launch settings a job whose ranks run on one host runs with: the ports only its own
+    processes connect to replaced by free ones this host's kernel gave (logged). `plan.launch`
+    itself when nothing moves (on every host of a job of several: their ports are `check`ed)."""
+    movable = [port for port in host_ports(plan) if port.movable]
     if not movable:
         return plan.launch
     with _held() as held:

@@ -16,7 +16,9 @@ What it does, on every host of the job:
    `coordinator_port`; each worker connects there, receives the key, starts its sshd and
    reports ready with its host key (container.coordination: any start order, heartbeats both
    ways, only the cluster's own addresses heard). The leader waits for every worker (naming
-   any that never came), checks every sshd answers, then runs mpirun across the hosts.
+   any that never came), checks every sshd answers, then runs mpirun across the hosts. Each
+   host first makes sure that nothing else holds a port it will listen on (container.ports):
+   a held one fails the job, naming it, before anything starts.
    Workers hold until the leader reports the outcome, and exit with it within a second or
    two; a worker whose leader never answers or goes silent exits 3 naming the leader.
 4. Ranks run `python -P -m mpi4py -m train.rank_main` (the built-in Horovod/Keras trainer) or,
@@ -152,7 +154,7 @@ def launch(paths: MlPaths, *, dry_run: bool = False) -> int:
         if dry_run:
             print(json.dumps(plan.as_json(), indent=2))
             return 0
-        launch_settings = ports.secure(plan)  # free ports on one host; named error if taken
+        launch_settings = ports.secure(plan)  # a one-host job's own ports: free ones
         if launch_settings != plan.launch:
             plan = plan_with(launch_settings)
         log_plan(plan)
@@ -310,6 +312,7 @@ def run_leader(plan: LaunchPlan, files: sshd.SshFiles, paths: MlPaths) -> Outcom
     cluster, launch = plan.cluster, plan.launch
     public_key = sshd.make_client_key(files)
     address = network.address_of(cluster.current_host)
+    ports.check(plan, address)  # before anything of the job listens here
     coordinator = Leader(
         address=address,
         port=launch.coordinator_port,
@@ -365,6 +368,7 @@ def run_worker(plan: LaunchPlan, files: sshd.SshFiles) -> Outcome:
     started: list[subprocess.Popen[bytes]] = []
 
     def prepare(public_key: str) -> str:
+        ports.check(plan, address)  # an error here is this host's FAIL to the leader
         process, host_key = sshd.start_sshd(
             files, address=address, port=launch.sshd_port, authorized_key=public_key
         )
