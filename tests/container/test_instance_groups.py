@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from container.network import free_ports
 from job.paths import MlPaths
 from job.sagemaker_config import InstanceGroup, JobConfig, ResourceConfig, write_job_config
 from scripts.default_job import digits_channels
@@ -20,6 +19,7 @@ from scripts.digits_files import write_digits
 from tests.conftest import failure_of, kill_host, run_train
 from tests.container.test_multi_host import start
 from tests.container.test_session import running
+from tests.helpers import loopback_hyperparameters
 
 TRAIN_HOSTS, DATA_HOSTS = ("127.0.0.1", "127.0.0.2"), ("127.0.0.3",)
 GROUPS = (
@@ -61,15 +61,9 @@ def hetero(tmp_path):
     def make(
         hyperparameters: dict, groups=GROUPS, program="probe.py", data=None, source=PROBE
     ) -> dict:
-        sshd, coordinator, data_service = free_ports(3)
         values = {
-            "sshd_port": sshd,
-            "coordinator_port": coordinator,
-            "host_timeout": 60,
-            "leader_timeout": 60,
-            "heartbeat_timeout": 10,
+            **loopback_hyperparameters(more_ports=("data_service_port",)),
             "processes_per_host": 1,
-            "data_service_port": data_service,
             **({"sagemaker_program": program} if program else {}),
             **hyperparameters,
         }

@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 
-from container.network import free_ports
 from tests.conftest import TRAIN, failure_of
+from tests.helpers import loopback_hyperparameters
 from tests.waiting import eventually
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
@@ -53,16 +53,7 @@ json.dump({"host": os.environ["SM_CURRENT_HOST"], "ssh": os.environ.get("SSH_CON
 @pytest.fixture
 def cluster(make_job, make_script_job):
     def make(hyperparameters, program=None, source=None):
-        sshd, coordinator = free_ports(2)
-        values = {
-            "sshd_port": sshd,
-            "coordinator_port": coordinator,
-            "host_timeout": 60,
-            "leader_timeout": 60,
-            "heartbeat_timeout": 10,
-            "processes_per_host": 1,
-            **hyperparameters,
-        }
+        values = {**loopback_hyperparameters(), "processes_per_host": 1, **hyperparameters}
         return {
             host: make_script_job(program, values, source, hosts=HOSTS, current=host)
             if program

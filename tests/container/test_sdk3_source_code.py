@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from container.network import free_port, free_ports
+from container.network import free_port
 from container.sdk_handover import sdk_driver
 from job.errors import ConfigError
 from job.paths import MlPaths
@@ -19,6 +19,7 @@ from job.source_code import read_source_code
 from job.validated import validate_hyperparameters
 from tests.conftest import failure_of, run_train, write_json
 from tests.container.test_multi_host import HOSTS, start
+from tests.helpers import loopback_hyperparameters
 from tests.s3_server import uninstall, write_wheel
 
 IGNORE = [".env", ".git", "__pycache__", ".DS_Store", ".cache", ".ipynb_checkpoints"]
@@ -242,14 +243,7 @@ def sdk3_cluster(make_job, tmp_path):
     (source / "scale.txt").write_text("16.0\n")
     wheel = write_wheel(source / "wheels", package, "1.0", "EPOCHS = 2\n")
     (source / "requirements-train.txt").write_text(f"./wheels/{wheel.name}\n")
-    sshd, coordinator = free_ports(2)
-    ports = {
-        "sshd_port": sshd,
-        "coordinator_port": coordinator,
-        "host_timeout": 60,
-        "leader_timeout": 60,
-        "heartbeat_timeout": 10,
-    }
+    ports = loopback_hyperparameters()
     roots = {}
     for host in HOSTS:
         roots[host] = make_job({**ports, "epochs": "2"}, hosts=HOSTS, current=host)

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from container.network import free_ports
 from serve.model import horovod_op_library
 from tests.conftest import TRAIN
+from tests.helpers import loopback_hyperparameters
 from tests.portable import call_savedmodel
 from tests.s3_server import s3_server, uninstall, write_wheel  # noqa: F401
 from tests.serve.serve_testing import Server
@@ -83,13 +83,8 @@ def test_source_dir_job_across_two_hosts_then_serve(
     package,  # noqa: F811
     tmp_path,
 ):
-    sshd, coordinator = free_ports(2)
     values = {
-        "sshd_port": sshd,
-        "coordinator_port": coordinator,
-        "host_timeout": 120,
-        "leader_timeout": 120,
-        "heartbeat_timeout": 10,
+        **loopback_hyperparameters(timeout=120),
         "processes_per_host": 1,
         "sagemaker_submit_directory": json.dumps(submitted),
         "sagemaker_program": json.dumps("train.py"),
