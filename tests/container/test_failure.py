@@ -3,6 +3,8 @@
 import json
 import sys
 
+import pytest
+
 from container.failure import FAILURE_LIMIT, Outcome, OutputLog, relayed, summarize, write_failure
 from container.oom import ADVICE, CgroupMemory, counting_from_now, host_ran_out, killed
 from container.restarts import ATTEMPTS_FILE, run_with_restarts
@@ -25,31 +27,77 @@ def log_of(text):
     return log
 
 
-def test_the_rank_marker_wins_and_gets_the_exit_code_of_that_rank():
-    log = log_of("""[1,3]<stderr>:Traceback (most recent call last):
+FRAME = "-" * 74
+CONFIG_REPORT = rank_failure(1, "algo-1", ConfigError("channel train: row 7 has 3 columns"))
+SUMMARIES = [  # mpirun's output and exit code, and the outcome the launcher reports
+    pytest.param(
+        """[1,3]<stderr>:Traceback (most recent call last):
 [1,3]<stderr>:ValueError: bad row
 [1,3]<stderr>:TRAIN-FAILURE rank=3 host=algo-2 kind=rank: ValueError: bad row
 --------------------------------------------------------------------------
 MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD
 with errorcode 5.
-""")
-    assert summarize(log, 1, host_of) == Outcome(
-        FailureKind.RANK, "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row", 5
-    )
+""",
+        1,
+        Outcome(
+            FailureKind.RANK, "rank 3 on host algo-2 failed (exit code 5): ValueError: bad row", 5
+        ),
+        id="the rank marker wins and gets the exit code of that rank",
+    ),
+    pytest.param(
+        f"[1,1]<stderr>:{CONFIG_REPORT.line()}\nMPI_ABORT was invoked on rank 1 in "
+        f"communicator MPI_COMM_WORLD\nwith errorcode 1.\n",
+        1,
+        Outcome(
+            FailureKind.CONFIG,
+            "rank 1 on host algo-1 failed (config error): "
+            "ConfigError: channel train: row 7 has 3 columns",
+            2,
+        ),
+        id="a config error in a rank is a config failure whatever the rank exited with",
+    ),
+    pytest.param(
+        """[1,2]<stderr>:Warning: something harmless
+[1,2]<stderr>:RuntimeError: CUDA out of memory
+[1,2]<stderr>:  see above
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[22869,1],2]
+  Exit code:    7
+""",
+        7,
+        Outcome(
+            FailureKind.RANK,
+            "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory",
+            7,
+        ),
+        id="a nonzero exit without marker quotes the last error line of that rank",
+    ),
+    pytest.param(
+        "some output\nmpirun: the end\n\n",
+        9,
+        Outcome(FailureKind.RANK, "mpirun exited with code 9; last output: mpirun: the end", 9),
+        id="anything else quotes the last line",
+    ),
+    pytest.param(
+        f"{FRAME}\nNo OpenFabrics connection schemes reported\n  that they were able\n\n"
+        f"{FRAME}\n{FRAME}\nNo network interfaces were found.\n{FRAME}\n",
+        1,
+        Outcome(
+            FailureKind.RANK,
+            "mpirun exited with code 1: OpenMPI says: No OpenFabrics connection "
+            "schemes reported that they were able",
+            1,
+        ),
+        id="OpenMPI's first framed message is the reason, not its closing dashes",
+    ),
+]
 
 
-def test_a_config_error_in_a_rank_is_a_config_failure_whatever_the_rank_exited_with():
-    report = rank_failure(1, "algo-1", ConfigError("channel train: row 7 has 3 columns"))
-    log = log_of(
-        f"[1,1]<stderr>:{report.line()}\nMPI_ABORT was invoked on rank 1 in "
-        f"communicator MPI_COMM_WORLD\nwith errorcode 1.\n"
-    )
-    assert summarize(log, 1, host_of) == Outcome(
-        FailureKind.CONFIG,
-        "rank 1 on host algo-1 failed (config error): "
-        "ConfigError: channel train: row 7 has 3 columns",
-        2,
-    )
+@pytest.mark.parametrize(("output", "exit_code", "outcome"), SUMMARIES)
+def test_the_outcome_of_mpiruns_output(output, exit_code, outcome):
+    assert summarize(log_of(output), exit_code, host_of) == outcome
 
 
 def test_lost_daemon_names_the_host():
@@ -69,23 +117,6 @@ therefore will terminate the job.
     assert (outcome.kind, outcome.exit_code) == (FailureKind.CLUSTER, 3)
 
 
-def test_nonzero_exit_without_marker_quotes_the_last_error_line_of_that_rank():
-    log = log_of("""[1,2]<stderr>:Warning: something harmless
-[1,2]<stderr>:RuntimeError: CUDA out of memory
-[1,2]<stderr>:  see above
-mpirun detected that one or more processes exited with non-zero status, thus causing
-the job to be terminated. The first process to do so was:
-
-  Process name: [[22869,1],2]
-  Exit code:    7
-""")
-    assert summarize(log, 7, host_of) == Outcome(
-        FailureKind.RANK,
-        "rank 2 on host algo-2 exited with code 7: RuntimeError: CUDA out of memory",
-        7,
-    )
-
-
 def test_ssh_failures_name_the_host():
     log = log_of(
         "ssh: Could not resolve hostname algo-9: Name or service not known\n"
@@ -94,26 +125,6 @@ def test_ssh_failures_name_the_host():
     outcome = summarize(log, 1, host_of)
     assert outcome.reason.startswith("mpirun could not start ranks on host algo-9")
     assert outcome.exit_code == 3
-
-
-def test_anything_else_quotes_the_last_line():
-    assert summarize(log_of("some output\nmpirun: the end\n\n"), 9, host_of) == Outcome(
-        FailureKind.RANK, "mpirun exited with code 9; last output: mpirun: the end", 9
-    )
-
-
-def test_openmpis_first_framed_message_is_the_reason_not_its_closing_dashes():
-    frame = "-" * 74
-    log = log_of(
-        f"{frame}\nNo OpenFabrics connection schemes reported\n  that they were able\n\n"
-        f"{frame}\n{frame}\nNo network interfaces were found.\n{frame}\n"
-    )
-    assert summarize(log, 1, host_of) == Outcome(
-        FailureKind.RANK,
-        "mpirun exited with code 1: OpenMPI says: No OpenFabrics connection "
-        "schemes reported that they were able",
-        1,
-    )
 
 
 def test_failure_file_is_cut_to_what_sagemaker_shows_keeping_its_start_and_end(tmp_path):
