@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from container import ports
-from container.network import free_ports
 from container.plan import JobPort, host_ports, make_plan
 from job.errors import ConfigError
 from job.paths import MlPaths
@@ -29,6 +28,7 @@ from scripts.digits_files import write_digits
 from tests.conftest import ROOT, failure_of
 from tests.container.test_instance_groups import run_all
 from tests.container.test_multi_host import HOSTS
+from tests.helpers import loopback_hyperparameters
 
 ENV = {"PATH": "/venv/bin:/usr/bin"}
 JAX_COORDINATOR = "JAX's coordinator for keras.distribution"
@@ -243,13 +243,7 @@ def test_a_hosts_sshd_port_is_checked_on_its_own_address_only(tmp_path):
 def test_the_launcher_of_several_hosts_exits_2_when_the_jax_coordinators_port_is_held(tmp_path):
     """Before the check the leader went on to wait for its workers, then its ranks' JAX failed
     or joined another job's coordinator."""
-    sshd, coordinator = free_ports(2)  # for the sshd and coordinator nothing here starts
-    the_job = script_job(
-        tmp_path,
-        {"sshd_port": sshd, "coordinator_port": coordinator, "host_timeout": 1},
-        HOSTS,
-        HOSTS[0],
-    )
+    the_job = script_job(tmp_path, loopback_hyperparameters(timeout=1), HOSTS, HOSTS[0])
     write_job_config(the_job)
     with held(7777) if ports.is_free(7777) else contextlib.nullcontext():
         done = subprocess.run(
@@ -272,14 +266,8 @@ def test_a_worker_whose_sshd_port_is_held_exits_2_and_the_leader_names_it(make_s
     worker's port (its sshd would fail to bind while the worker reported ready all the same),
     and the leader's check, on every address, took the worker's port for its own: the leader
     stopped naming 127.0.0.1 and the worker waited `leader_timeout` for it (exit 3)."""
-    sshd, coordinator = free_ports(2)
-    settings = {
-        "sshd_port": sshd,
-        "coordinator_port": coordinator,
-        "host_timeout": 10,
-        "leader_timeout": 30,
-        "processes_per_host": 1,
-    }
+    settings = {**loopback_hyperparameters(timeout=30), "processes_per_host": 1}
+    sshd = settings["sshd_port"]
     roots = {
         host: make_script_job("train.py", settings, "", hosts=HOSTS, current=host) for host in HOSTS
     }
@@ -298,14 +286,8 @@ def test_a_data_host_whose_data_service_port_is_held_exits_2_and_the_leader_name
     """Before, the data host's tf.data service failed to start beside a training that had
     begun (or joined another job's dispatcher, had that one listened with SO_REUSEPORT)."""
     groups = (DATA_GROUPS[0], InstanceGroup("data", "ml.c5.18xlarge", (HOSTS[1],)))
-    sshd, coordinator, data_service = free_ports(3)
-    settings = {
-        "sshd_port": sshd,
-        "coordinator_port": coordinator,
-        "data_service_port": data_service,
-        "host_timeout": 10,
-        "leader_timeout": 30,
-    }
+    settings = loopback_hyperparameters(timeout=30, more_ports=("data_service_port",))
+    data_service = settings["data_service_port"]
     roots = {}
     for host in HOSTS:
         the_job = grouped_job(tmp_path / host, host, settings, groups)
