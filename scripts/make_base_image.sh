@@ -30,6 +30,11 @@ apt_mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+# One at a time: `make test` starts the TensorFlow image's build (which makes this image first)
+# in set-up and the CPU image's later; a second caller waits here, then finds the image made.
+exec 9>"${TMPDIR:-/tmp}/sagemaker-byoc-base-image.lock"
+flock 9
+
 if [ "${FORCE:-0}" != 1 ] && image_exists; then
   echo "base image: $IMAGE already present"
   exit 0
