@@ -6,6 +6,11 @@ its sshd and reports READY with that sshd's host key (or FAIL), and when the job
 leader sends every worker its outcome (EXIT), which the worker acknowledges (BYE). The
 messages, one line each, are container.messages': written and read there only.
 
+A worker that cannot get ready says why in FAIL, with its error's kind, and exits with that
+error; the leader fails the job with an error of the same kind (a port held on the worker is
+the user's to move: exit 2 on every host, not 3). A worker the leader gives up on itself
+(silent, closed, broke the protocol) is the cluster's failure (3).
+
 A data host (a heterogeneous job's host that runs no rank, container.data_host) takes part as a
 worker does, with `-` for a host key (it runs no sshd). Its script runs beside the training:
 when the script fails (it says ENDED), or the host falls silent, the leader stops the training
@@ -61,7 +66,7 @@ from container.logs import log
 from container.messages import BYE, MEMORY, PING, MalformedMessage, Message, Verb, parse
 from container.network import address_of
 from container.oom import CgroupMemory, read_memory, since
-from job.errors import PlatformError, TrainError
+from job.errors import PlatformError, TrainError, error_of
 from job.protocol import FailureKind
 
 HEARTBEAT_INTERVAL = 1.0
@@ -239,6 +244,7 @@ class Peer:
     state: PeerState = PeerState.JOINED
     host_key: str = ""  # READY's; kept after it is lost or has left
     why: str = ""  # why it FAILED or was LOST
+    failure: FailureKind = FailureKind.CLUSTER  # why it FAILED: its FAIL's kind, else the cluster
     ended: Outcome | None = None  # a data host's failed script (ENDED)
     memory: CgroupMemory | None = None  # its last OOM_KILLS (None: it cannot read its cgroup)
     memory_answers: int = 0  # how many OOM_KILLS it sent: an answer is one counted after asking
@@ -276,9 +282,10 @@ class _Roster:
             peer.state, peer.host_key = PeerState.READY, host_key
             self.condition.notify_all()
 
-    def fail(self, host: str, why: str) -> None:
+    def fail(self, host: str, kind: FailureKind, why: str) -> None:
         with self.condition:
             self._set(host, PeerState.FAILED, why)
+            self.peers[host].failure = kind
             self.condition.notify_all()
 
     def lose(self, host: str, why: str) -> bool:
@@ -338,15 +345,16 @@ class _Roster:
 
     def wait_ready(self, timeout: float) -> dict[str, str]:
         """Block until every host is ready (the job then runs); returns host -> host key.
-        PlatformError naming the first host that could not, or those that never said."""
+        The error of the first host that could not, of the kind it failed with (job.errors:
+        a worker's own error's kind, PlatformError when the leader gave up on it); a
+        PlatformError naming those that never said."""
         deadline = time.monotonic() + timeout
         with self.condition:
             while True:
                 if self.first_failed is not None:
                     host = self.first_failed
-                    raise PlatformError(
-                        f"worker {host} could not get ready: {self.peers[host].why}"
-                    )
+                    peer = self.peers[host]
+                    raise error_of(peer.failure)(f"worker {host} could not get ready: {peer.why}")
                 missing = sorted(
                     host
                     for host in self.hosts
@@ -502,31 +510,30 @@ class Leader:
         peer.send(Message(Verb.KEY, self.public_key))
         peer.ping_until_closed()
         answer = self._answer(peer, started + HANDSHAKE_TIMEOUT)
-        if answer.verb is Verb.READY:
-            self.roster.ready(host, answer.text)
-            return host
-        self.roster.fail(host, answer.text)
-        return None
+        if answer.kind is not None:  # FAIL
+            self.roster.fail(host, answer.kind, answer.text)
+            return None
+        self.roster.ready(host, answer.text)
+        return host
 
     def _answer(self, peer: _Connection, deadline: float) -> Message:
-        """The worker's answer to KEY: READY, or a FAIL with why it will not be ready, its own or
-        the leader's (it went silent, closed the connection or broke the protocol: named now,
-        not after host_timeout)."""
+        """The worker's answer to KEY: READY, or a FAIL with why it will not be ready, its own
+        (of its error's kind) or the leader's (it went silent, closed the connection or broke
+        the protocol: named now, not after host_timeout; the cluster's failure)."""
         try:
             answer = peer.next_message(deadline, self.heartbeat_timeout)
         except TimeoutError:
-            return Message(
-                Verb.FAIL,
+            return _cluster_fail(
                 f"it went silent for {self.heartbeat_timeout:g} s or did not report "
-                f"ready within {HANDSHAKE_TIMEOUT:g} s",
+                f"ready within {HANDSHAKE_TIMEOUT:g} s"
             )
         except (OSError, ProtocolError, MalformedMessage) as error:
-            return Message(Verb.FAIL, f"it broke the protocol or the connection: {error}")
+            return _cluster_fail(f"it broke the protocol or the connection: {error}")
         if answer is None:
-            return Message(Verb.FAIL, "it closed the connection before reporting ready")
+            return _cluster_fail("it closed the connection before reporting ready")
         if answer.verb in (Verb.READY, Verb.FAIL):
             return answer
-        return Message(Verb.FAIL, f"unexpected {answer.verb.value!r}")
+        return _cluster_fail(f"unexpected {answer.verb.value!r}")
 
     def _follow(self, peer: _Connection, host: str) -> None:
         """After READY: the worker's heartbeats until BYE; silence or a close means it is lost."""
@@ -623,6 +630,11 @@ class Leader:
         self.server.close()
 
 
+def _cluster_fail(why: str) -> Message:
+    """A FAIL the leader makes up for a worker it gave up on: the cluster's failure."""
+    return Message(Verb.FAIL, why, kind=FailureKind.CLUSTER)
+
+
 def follow_leader(
     leader: str,
     port: int,
@@ -683,8 +695,8 @@ def _serve_leader(
 ) -> Outcome:
     try:
         host_key = on_key(public_key)
-    except TrainError as error:
-        peer.send(Message(Verb.FAIL, str(error)))
+    except TrainError as error:  # the leader fails the job with an error of the same kind
+        peer.send(Message(Verb.FAIL, str(error), kind=error.kind))
         raise
     peer.send(Message(Verb.READY, host_key))
     on_ready(peer.send)

@@ -4,7 +4,7 @@ exchange is written by `Message.line` and read by `parse`, here and nowhere else
     worker -> leader    HELLO <host>
     leader -> worker    KEY <the job's ssh public key>
     worker -> leader    READY <the worker sshd's host key; `-` for a data host>
-    worker -> leader    FAIL <why it cannot get ready>
+    worker -> leader    FAIL <kind> <why it cannot get ready>
     both ways           PING                                   (every second, from HELLO on)
     data host -> leader ENDED <code> <kind> <reason as JSON>  (its script failed)
     leader -> worker    MEMORY                                 (a rank there died of SIGKILL)
@@ -14,12 +14,17 @@ exchange is written by `Message.line` and read by `parse`, here and nowhere else
 
 MEMORY asks a worker what its memory cgroup counted (container.oom), which only it can read;
 OOM_KILLS answers with the OOM kills counted and the limit, or `-` when it cannot read them.
+FAIL's kind is the `FailureKind` of the error that stopped the worker (a port held there is the
+user's: `config`), which the leader raises again (job.errors.error_of): every host of the job
+then exits with the code the worker exits with. The kind alone travels, not a code, since the
+kind decides the code (job.protocol.exit_code), and only a kind that an error carries is a FAIL.
 
 A line is a verb, a space, and the verb's argument; PING, BYE and MEMORY have none. `parse` raises
 `MalformedMessage` for any other line, saying what is wrong with it: the coordinator refuses
 or drops the peer that sent it, and a worker names its leader. An outcome (EXIT, ENDED) is read
 only if the launcher can end a job with it: a text reason, an exit code a process can have,
-a kind exactly when the code is not 0; and ENDED only reports a failure.
+a kind exactly when the code is not 0; and ENDED only reports a failure. A FAIL's reason is
+the rest of its line: a newline in it is sent as a space.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from enum import Enum
 
 from container.failure import Outcome
 from container.oom import CgroupMemory
+from job.errors import error_of
 from job.protocol import FailureKind
 
 
@@ -68,13 +74,14 @@ class MalformedMessage(ValueError):
 @dataclass(frozen=True)
 class Message:
     """One line of the protocol: `text` is HELLO's host, KEY's public key, READY's host key or
-    FAIL's reason; `outcome` is EXIT's and ENDED's; `memory` is OOM_KILLS' (None: the worker
-    cannot read its cgroup)."""
+    FAIL's reason; `kind` is FAIL's, the kind of the error it reports; `outcome` is EXIT's and
+    ENDED's; `memory` is OOM_KILLS' (None: the worker cannot read its cgroup)."""
 
     verb: Verb
     text: str = ""
     outcome: Outcome | None = None
     memory: CgroupMemory | None = None
+    kind: FailureKind | None = None
 
     def __post_init__(self) -> None:
         if (self.outcome is not None) != (self.verb in _OUTCOMES):
@@ -83,6 +90,10 @@ class Message:
             )
         if self.memory is not None and self.verb is not Verb.OOM_KILLS:
             raise ValueError(f"{self.verb.value} carries no memory cgroup; OOM_KILLS does")
+        if (self.kind is not None) != (self.verb is Verb.FAIL):
+            raise ValueError(f"{self.verb.value} carries a failure kind exactly when it is FAIL")
+        if self.kind is not None:
+            error_of(self.kind)  # a kind no error carries is refused here as by `parse`
 
     def line(self) -> str:
         """The message as one line (without its newline): a newline in a text (a FAIL's
@@ -99,6 +110,8 @@ class Message:
             limit = _UNKNOWN if self.memory.limit is None else str(self.memory.limit)
             return f"{self.verb.value} {self.memory.oom_kills} {limit}"
         text = self.text.replace("\n", " ")
+        if self.kind is not None:
+            return f"{self.verb.value} {self.kind.value} {text}"
         return f"{self.verb.value} {text}"
 
 
@@ -124,6 +137,9 @@ def parse(line: str) -> Message:
         return Message(verb, outcome=_outcome(verb, argument, line))
     if verb is Verb.OOM_KILLS:
         return Message(verb, memory=_memory(argument, line))
+    if verb is Verb.FAIL:
+        kind, reason = _failure(argument, line)
+        return Message(verb, reason, kind=kind)
     if verb in (Verb.HELLO, Verb.READY):  # a name and a key: spaces around them are no part
         argument = argument.strip()
         if not argument:
@@ -150,6 +166,23 @@ def _outcome(verb: Verb, argument: str, line: str) -> Outcome:
     if verb is Verb.ENDED and outcome.kind is None:  # a data host only says ENDED on failure
         raise MalformedMessage("ENDED without a failure", line, verb)
     return outcome
+
+
+def _failure(argument: str, line: str) -> tuple[FailureKind, str]:
+    """The kind and the reason of a FAIL line's argument, `<kind> <reason>` (the reason may be
+    empty: an error without a message is still reported by its kind)."""
+    word, space, reason = argument.partition(" ")
+    try:
+        kind = FailureKind(word)
+    except ValueError:
+        raise MalformedMessage("FAIL without a failure kind", line, Verb.FAIL) from None
+    try:
+        error_of(kind)
+    except ValueError:
+        raise MalformedMessage("FAIL of a kind no error carries", line, Verb.FAIL) from None
+    if not space:
+        raise MalformedMessage("FAIL without its reason", line, Verb.FAIL)
+    return kind, reason
 
 
 def _memory(argument: str, line: str) -> CgroupMemory | None:

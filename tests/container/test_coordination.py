@@ -16,7 +16,7 @@ from container.coordination import Leader, follow_leader
 from container.failure import Outcome, OutputLog, summarize
 from container.network import free_port
 from container.oom import CgroupMemory, killed
-from job.errors import PlatformError
+from job.errors import ConfigError, PlatformError, TrainError
 from job.protocol import FailureKind
 from tests.waiting import eventually
 
@@ -59,7 +59,7 @@ def follow(port, host, results, **overrides):
     options.update(overrides)
     try:
         results[host] = follow_leader(LEADER, port, host, **options)
-    except PlatformError as error:
+    except TrainError as error:
         results[host] = error
 
 
@@ -430,9 +430,36 @@ def test_a_worker_that_cannot_get_ready_is_named_with_its_whole_reason():
         "worker 127.0.0.2 could not get ready: sshd rejected its configuration: "
         "line 3: bad line 9: worse"
     )
+    assert raised.value.exit_code == 3  # the cluster's failure, as the worker's own
     leader.finish(Outcome.failed(FailureKind.CLUSTER, str(raised.value)))
     thread.join(timeout=5)
     assert "sshd rejected its configuration" in str(results["127.0.0.2"])
+
+
+def test_a_worker_that_cannot_get_ready_by_the_users_error_fails_the_job_with_its_code():
+    """A port held on a worker is the user's to move (container.ports.check, ConfigError): the
+    leader fails the job with a ConfigError too, and the worker that was ready is told exit 2,
+    as the failing worker exits; the leader once made every FAIL the cluster's (3)."""
+    port, results = free_port(), {}
+    held = "port 22 on 127.0.0.2, where the job's own sshd would listen, is held"
+
+    def port_held(key):
+        raise ConfigError(held)
+
+    leader = start_leader(port)
+    ready = start_worker(port, "127.0.0.3", results)
+    eventually(lambda: "127.0.0.3" in host_keys(leader), "127.0.0.3 never got ready")
+    failing = start_worker(port, "127.0.0.2", results, on_key=port_held)
+    with pytest.raises(ConfigError) as raised:
+        leader.wait_ready(timeout=10)
+    assert str(raised.value) == f"worker 127.0.0.2 could not get ready: {held}"
+    assert raised.value.exit_code == 2
+    leader.finish(Outcome.failed(raised.value.kind, str(raised.value)))  # as run_leader does
+    for thread in (ready, failing):
+        thread.join(timeout=5)
+    assert results["127.0.0.3"] == Outcome.failed(FailureKind.CONFIG, str(raised.value))
+    assert results["127.0.0.3"].exit_code == 2
+    assert isinstance(results["127.0.0.2"], ConfigError) and str(results["127.0.0.2"]) == held
 
 
 def test_a_worker_names_a_leader_that_answers_hello_with_something_else():

@@ -4,8 +4,8 @@
 
 The real leader on a real loopback socket: strangers (127.0.0.9) and a data host (127.0.0.2,
 whose name resolves to itself) that says HELLO and then anything. The message codec
-(container.messages), which those lines reach (a data host's ENDED, the leader's EXIT), is
-fuzzed by itself for volume.
+(container.messages), which those lines reach (a data host's ENDED, the leader's EXIT, a
+worker's FAIL), is fuzzed by itself for volume.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from container.coordination import MAX_LINE, Leader, PeerState, follow_leader
 from container.failure import Outcome
 from container.messages import MalformedMessage, Message, Verb, parse
+from job.errors import error_of
 from job.protocol import FailureKind
 from tests.fuzzing import fuzz
 from tests.waiting import eventually
@@ -28,6 +29,7 @@ from tests.waiting import eventually
 LEADER, HOST, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.9"
 DEEP = "[" * 5000 + "]" * 5000
 KINDS = [kind.value for kind in FailureKind] + ["ok"]
+ERROR_KINDS = [FailureKind.CONFIG, FailureKind.CLUSTER, FailureKind.INTERNAL]  # a FAIL's
 
 texts = st.one_of(
     st.text(max_size=20),
@@ -120,6 +122,50 @@ def test_every_outcome_the_leader_sends_reads_back_the_same(outcome, verb):
     assert parse(message.line()) == message
 
 
+fail_lines = st.builds(
+    lambda kind, gap, reason: "FAIL " + kind + gap + reason,
+    st.sampled_from(KINDS) | texts,
+    st.sampled_from([" ", " ", "", "  "]),
+    texts,
+)
+
+
+@example(line="FAIL rank x")  # a kind that no error carries: the leader could raise none
+@example(line="FAIL config")  # no reason after the kind
+@example(line="FAIL sshd failed")  # no kind: a launcher from before FAIL carried one
+@fuzz("coordinator: FAIL codec", max_examples=300, line=fail_lines | texts)
+def test_a_fail_line_is_read_with_a_kind_an_error_carries_or_refused(line):
+    """The leader raises an error of the kind a FAIL names (job.errors.error_of): a kind it
+    could not raise is refused here, not found when a worker cannot get ready."""
+    try:
+        message = parse(line)
+    except MalformedMessage:
+        return
+    if message.verb is Verb.FAIL:
+        assert error_of(message.kind).kind is message.kind
+        assert message.line() == line.replace("\n", " ")  # all of it was read, as it was
+
+
+@fuzz(
+    "coordinator: FAIL round trip",
+    max_examples=200,
+    kind=st.sampled_from(ERROR_KINDS),
+    reason=texts.filter(lambda reason: "\n" not in reason),
+)
+def test_every_fail_a_worker_sends_reads_back_the_same(kind, reason):
+    message = Message(Verb.FAIL, reason, kind=kind)
+    assert parse(message.line()) == message
+
+
+def test_the_fail_kinds_are_those_errors_carry():
+    for kind in FailureKind:
+        if kind in ERROR_KINDS:
+            assert error_of(kind).kind is kind
+        else:
+            with pytest.raises(ValueError):
+                error_of(kind)
+
+
 def raw_line(text: str) -> bytes:
     return text.encode(errors="surrogatepass")
 
@@ -135,6 +181,7 @@ peer_lines = st.one_of(
         texts,
     ),
     outcome_lines.map(raw_line),
+    fail_lines.map(raw_line),
     st.binary(max_size=30).map(lambda data: data.replace(b"\n", b"")),
     st.just(b"x" * (MAX_LINE + 1)),
 )
@@ -235,6 +282,7 @@ def settled(leader: Leader, host: str) -> bool:
 
 @example(answer=b"x" * (MAX_LINE + 1), later=[])  # dropped, unrecorded: a wait to host_timeout
 @example(answer=b"READY key", later=[raw_line(f"ENDED 1 config {DEEP}")])
+@example(answer=b"FAIL config port 6100 is held", later=[])  # the user's: its kind is kept
 @example(answer=b"READY key", later=[b"ENDED 1 config [1]"])
 @example(answer=b"READY key", later=[b'ENDED 0 ok "fine"'])
 @fuzz(
@@ -273,6 +321,8 @@ def test_what_a_data_host_says_is_taken_or_it_is_dropped(capsys, answer, later):
                 assert peer.ended.kind is not None  # ENDED reports a failure
             ready = bool(peer.host_key)
             assert ready or peer.state is PeerState.FAILED  # a refusal the job's failure names
+            if peer.state is PeerState.FAILED and peer.failure is not FailureKind.CLUSTER:
+                assert said.startswith(f"FAIL {peer.failure.value} ")  # its own, its answer
             assert not ready or peer.host_key in said
             if ready and peer.state is not PeerState.LEFT:
                 # after READY every way out but BYE is the data host ending or being lost:
