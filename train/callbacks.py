@@ -24,14 +24,11 @@ class StopOnRequest(keras.callbacks.Callback):
     saves a checkpoint mid-epoch when `cadence` says one is due (`save`, which every rank
     calls: under MultiWorkerMirroredStrategy every worker takes part).
 
-    In the built-in trainer (`leave_fit`) a stop leaves `fit` at once by raising Stopped, where
-    Keras' `stop_training` would let `fit` end the epoch first: a full validation pass and the
-    epoch-end callbacks, all inside the stop grace and before the stop's checkpoint is written
-    (a validation set that takes longer than the grace lost the checkpoint). Every rank raises
-    at the same step, so none is left waiting in a collective. In a user's script
-    (train.distributed.callbacks) it sets `stop_training`: an exception would skip the
-    callbacks after this one, among them train.resumable's, which saves the stop's checkpoint
-    at this same step, and the script's own code after `fit`.
+    A stop leaves `fit` at once by raising Stopped, where Keras' `stop_training` would let
+    `fit` end the epoch first: a full validation pass and the epoch-end callbacks, all inside
+    the stop grace and before the stop's checkpoint is written (a validation set that takes
+    longer than the grace lost the checkpoint). Every rank raises at the same step, so none is
+    left waiting in a collective.
 
     # distributed: the ranks agree with one allreduce of a few bits after each optimizer step
     (every `accumulation_steps` micro-batches), so no rank leaves or saves while another waits
@@ -43,11 +40,9 @@ class StopOnRequest(keras.callbacks.Callback):
         accumulation_steps: int,
         cadence: Cadence | None = None,
         save: Callable[[], None] = lambda: None,
-        leave_fit: bool = False,
     ) -> None:
         super().__init__()
         self.accumulation_steps, self.cadence, self.save = accumulation_steps, cadence, save
-        self.leave_fit = leave_fit
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if (batch + 1) % self.accumulation_steps:
@@ -58,10 +53,8 @@ class StopOnRequest(keras.callbacks.Callback):
         if agreed & (STOP | SAVE):
             attach_state(self.model)  # Keras 3 on JAX, mid-epoch: every rank, now
         if agreed & STOP:
-            if self.leave_fit:
-                raise Stopped
-            self.model.stop_training = True
-        elif agreed & SAVE:
+            raise Stopped
+        if agreed & SAVE:
             self.save()
 
 

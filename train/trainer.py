@@ -543,7 +543,7 @@ def fit(
         Cadence(config.checkpoint_every_minutes, leader=trainer.leader),
     )
     # at an optimizer step: a stop, or a checkpoint inside the epoch when one is due
-    stop = StopOnRequest(batches_per_step, standing.cadence, standing.save, leave_fit=True)
+    stop = StopOnRequest(batches_per_step, standing.cadence, standing.save)
     report = EpochReport(
         plan.global_batch // batches_per_step,
         built.learning_rate,
