@@ -15,20 +15,10 @@ from train.progress import Progress
 from train.rank import emit
 
 
-class Stopped(Exception):
-    """Raised out of `fit` by StopOnRequest at the step every rank agreed to stop after."""
-
-
 class StopOnRequest(keras.callbacks.Callback):
     """Stops every rank after the same optimizer step once any rank got the stop signal, and
     saves a checkpoint mid-epoch when `cadence` says one is due (`save`, which every rank
     calls: under MultiWorkerMirroredStrategy every worker takes part).
-
-    A stop leaves `fit` at once by raising Stopped, where Keras' `stop_training` would let
-    `fit` end the epoch first: a full validation pass and the epoch-end callbacks, all inside
-    the stop grace and before the stop's checkpoint is written (a validation set that takes
-    longer than the grace lost the checkpoint). Every rank raises at the same step, so none is
-    left waiting in a collective.
 
     # distributed: the ranks agree with one allreduce of a few bits after each optimizer step
     (every `accumulation_steps` micro-batches), so no rank leaves or saves while another waits
@@ -43,6 +33,7 @@ class StopOnRequest(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.accumulation_steps, self.cadence, self.save = accumulation_steps, cadence, save
+        self.stopped = False
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if (batch + 1) % self.accumulation_steps:
@@ -50,11 +41,11 @@ class StopOnRequest(keras.callbacks.Callback):
         # A plain MPI allreduce of a few bits costs microseconds; Horovod's tensor allreduce
         # would cost a background-thread cycle per step.
         agreed = agree_after_step(self.cadence)
-        if agreed & (STOP | SAVE):
-            attach_state(self.model)  # Keras 3 on JAX, mid-epoch: every rank, now
         if agreed & STOP:
-            raise Stopped
-        if agreed & SAVE:
+            self.model.stop_training = True
+            self.stopped = True
+        elif agreed & SAVE:
+            attach_state(self.model)  # Keras 3 on JAX, mid-epoch: every rank, now
             self.save()
 
 
@@ -102,6 +93,8 @@ class EpochReport(keras.callbacks.Callback):
         self.steps += 1
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.model.stop_training:  # an interrupted epoch has no comparable numbers
+            return
         elapsed = self.trained - self.started  # training only, not validation
         values = {
             **(logs or {}),
@@ -125,7 +118,7 @@ class Checkpointer(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         done = epoch + 1
-        if not self.every:
+        if self.model.stop_training or not self.every:
             return
         if done % self.every == 0 or done == self.epochs:
             self.save()

@@ -33,14 +33,7 @@ from job.tracking import FLUSH_SECONDS, WARNING_FILE, RunLogger
 from job.trainer_config import TrainerConfig
 from train import jax_arrays, layouts
 from train.agreement import Cadence
-from train.callbacks import (
-    Checkpointer,
-    EpochReport,
-    ReportProgress,
-    StepCount,
-    StopOnRequest,
-    Stopped,
-)
+from train.callbacks import Checkpointer, EpochReport, ReportProgress, StepCount, StopOnRequest
 from train.checkpoints import (
     CheckpointStore,
     LeaderCheckpoints,
@@ -581,20 +574,19 @@ def fit(
             )
         trainer.say(f"training input served by the data hosts' tf.data service at {service}")
 
-    stopped = False
     with naming_bad_records(data.sources):
-        try:
-            if start.steps_in_epoch and start.epochs_done < config.epochs:
-                fit_epochs(
-                    trainer,
-                    data,
-                    built,
-                    standing,
-                    callbacks,
-                    service,  # its rest
-                    start.epochs_done + 1,
-                    data.steps_per_epoch - start.steps_in_epoch,
-                )
+        if start.steps_in_epoch and start.epochs_done < config.epochs:
+            fit_epochs(
+                trainer,
+                data,
+                built,
+                standing,
+                callbacks,
+                service,  # its rest
+                start.epochs_done + 1,
+                data.steps_per_epoch - start.steps_in_epoch,
+            )
+        if not stop.stopped:
             fit_epochs(
                 trainer,
                 data,
@@ -605,15 +597,9 @@ def fit(
                 config.epochs,
                 data.steps_per_epoch,
             )
-        except Stopped:
-            stopped = True
-            # `fit` was left by the exception: its end of training (TensorBoard's writers
-            # closed, a profile in progress ended) is still due
-            for callback in callbacks:
-                callback.on_train_end()
     average_batch_statistics(sync, built.model)
     verify_identical_weights(sync, built.model)
-    return stopped, standing
+    return stop.stopped, standing
 
 
 def fit_epochs(
