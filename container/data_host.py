@@ -45,6 +45,7 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
     """Follow the leader (a thread) and run the script beside it (this thread: it takes the
     stop signals) until the leader reports the job's outcome."""
     cluster, launch = plan.cluster, plan.launch
+    address = network.address_of(cluster.current_host)
     ready, ended = threading.Event(), threading.Event()
     link: dict[str, Any] = {}  # send, outcome or error, whichever the thread set
 
@@ -76,7 +77,6 @@ def run_data_host(plan: LaunchPlan) -> Outcome:
             ended.set()
             ready.set()
 
-    address = network.address_of(cluster.current_host)
     memory = counting_from_now()  # this host's own finding counts the job's kills only
     threading.Thread(target=follow, daemon=True, name="leader").start()
     ready.wait()
